@@ -1,0 +1,179 @@
+"""Which adjacent token pairs byte-pair encoding can produce, from the merge list alone.
+
+Within one pre-token chunk, a token sequence is what BPE produces exactly when every token is
+what BPE produces for its own bytes and every adjacent pair is (the "bigram" property of BPE).
+A pair (a, b) is not produced when, encoding the bytes of ``a`` then ``b`` together, some merge
+across their boundary fires before both sides have finished merging on their own.
+
+BPE (as in Hugging Face ``tokenizers``) repeatedly merges the adjacent pair with the lowest merge
+rank, leftmost first. Encoding ``a`` alone, the token that covers its last byte goes through a
+chain ``r_0 → r_1 → … → a``, each alive from the rank that created it until the rank that
+absorbs it; encoding ``b`` alone, the token covering its first byte goes through ``l_0 → … → b``.
+Encoded together, nothing changes until the first cross-boundary merge ``(r_i, l_j)`` of rank ρ
+whose two sides are both alive at ρ — strictly before ``r_i`` is absorbed on the left (a left
+merge of equal rank is further left, so it goes first), and no later than ``l_j`` is absorbed on
+the right (a right merge of equal rank is further right, so the cross merge goes first).
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import ModelError
+from ..models.vocab import BYTE_LEVEL, Vocabulary, bytes_to_unicode
+
+INF = np.iinfo(np.int64).max
+Chain = Tuple[Tuple[int, int, int], ...]  # ((token, born, absorbed), ...)
+
+
+class PairTable:
+    """Merge structure of a BPE vocabulary: per token, whether BPE produces it for its own bytes,
+    its left and right edge chains, and (lazily) the set of tokens that cannot follow it."""
+
+    def __init__(self, vocab: Vocabulary):
+        spec = vocab.spec
+        model = spec.get("model", {})
+        if model.get("type") != "BPE" or vocab.kind != BYTE_LEVEL:
+            raise ModelError("canonical tokenization needs a byte-level BPE tokenizer")
+        if model.get("dropout") or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+            raise ModelError("canonical tokenization does not support BPE dropout or subword affixes")
+        self.ignore_merges = bool(model.get("ignore_merges"))
+        piece_id: Dict[str, int] = dict(model["vocab"])
+        self.vocab = vocab
+        n = len(vocab.tokens)
+        self.merges: Dict[Tuple[int, int], Tuple[int, int]] = {}
+        for rank, m in enumerate(model["merges"]):
+            a, b = m.split(" ", 1) if isinstance(m, str) else m
+            ia, ib, iab = piece_id.get(a), piece_id.get(b), piece_id.get(a + b)
+            if ia is not None and ib is not None and iab is not None and (ia, ib) not in self.merges:
+                self.merges[ia, ib] = (rank, iab)
+        b2u = bytes_to_unicode()
+        self.unit = np.array([piece_id.get(b2u[b], -1) for b in range(256)], np.int64)
+        self.self_canonical = np.zeros(n, bool)
+        left: List[Optional[Chain]] = [None] * n
+        right: List[Optional[Chain]] = [None] * n
+        for t, data in enumerate(vocab.tokens):
+            if data is None:
+                continue
+            ids, lchain, rchain = self.encode_chunk(data)
+            if ids == [t]:
+                self.self_canonical[t] = True
+                left[t], right[t] = lchain, rchain
+        self.left = left
+        # right-edge classes: tokens with the same right chain cannot be told apart by a pair test
+        classes: Dict[Chain, int] = {}
+        self.right_class = np.zeros(n, np.int64)
+        for t in range(n):
+            if right[t] is not None:
+                self.right_class[t] = classes.setdefault(right[t], len(classes) + 1)
+        self.class_chain: List[Chain] = [()] + list(classes)
+        # for each token y: the tokens whose left chain holds y, with the rank absorbing y there
+        index: Dict[int, List[Tuple[int, int, int]]] = {}
+        for t in range(n):
+            for y, born, absorbed in left[t] or ():
+                index.setdefault(y, []).append((absorbed, born, t))
+        self.left_index: Dict[int, Tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        for y, rows in index.items():
+            rows.sort(reverse=True)  # by absorbing rank, descending
+            arr = np.array(rows, np.int64)
+            self.left_index[y] = (arr[:, 0], arr[:, 1], arr[:, 2])
+        by_left: Dict[int, List[Tuple[int, int]]] = {}
+        for (ia, ib), (rank, _) in self.merges.items():
+            by_left.setdefault(ia, []).append((rank, ib))
+        self.by_left = {k: sorted(v) for k, v in by_left.items()}
+        self.num_tokens = n
+
+    def encode_chunk(self, data: bytes) -> Tuple[List[int], Chain, Chain]:
+        """BPE of one chunk's bytes, with the chains of tokens covering its first and last byte."""
+        syms = [int(self.unit[b]) for b in data]
+        if any(s < 0 for s in syms):
+            return [], (), ()
+        n = len(syms)
+        born = [-1] * n
+        prev = list(range(-1, n - 1))
+        nxt = list(range(1, n + 1))
+        nxt[-1] = -1
+        alive = [True] * n
+        first_pos, last_pos = 0, n - 1
+        lchain = [(syms[0], -1)]
+        rchain = [(syms[-1], -1)]
+        heap = []
+        for i in range(n - 1):
+            m = self.merges.get((syms[i], syms[i + 1]))
+            if m:
+                heap.append((m[0], i, m[1]))
+        heapq.heapify(heap)
+        while heap:
+            rank, i, new = heapq.heappop(heap)
+            if not alive[i] or nxt[i] < 0:
+                continue
+            j = nxt[i]
+            m = self.merges.get((syms[i], syms[j]))
+            if m is None or m[1] != new:
+                continue
+            syms[i], born[i] = new, rank
+            alive[j] = False
+            nxt[i] = nxt[j]
+            if nxt[j] >= 0:
+                prev[nxt[j]] = i
+            if i == first_pos:
+                lchain.append((new, rank))
+            if j == last_pos:
+                last_pos = i
+                rchain.append((new, rank))
+            elif i == last_pos:  # pragma: no cover - i is never last when j exists
+                pass
+            if prev[i] >= 0:
+                m = self.merges.get((syms[prev[i]], new))
+                if m:
+                    heapq.heappush(heap, (m[0], prev[i], m[1]))
+            if nxt[i] >= 0:
+                m = self.merges.get((new, syms[nxt[i]]))
+                if m:
+                    heapq.heappush(heap, (m[0], i, m[1]))
+        ids = [syms[i] for i in range(n) if alive[i]]
+        return ids, _chain(lchain), _chain(rchain)
+
+    def pair_ok(self, right_class: int, b: int) -> bool:
+        """Whether BPE can put token ``b`` right after a token of ``right_class`` (one pair)."""
+        if not self.self_canonical[b]:
+            return False
+        for x, born_x, absorbed_x in self.class_chain[right_class]:
+            for y, born_y, absorbed_y in self.left[b]:
+                m = self.merges.get((x, y))
+                if m and born_x < m[0] < absorbed_x and born_y < m[0] <= absorbed_y:
+                    return False
+        return True
+
+    @functools.lru_cache(maxsize=4096)
+    def forbidden_after(self, right_class: int) -> np.ndarray:
+        """Boolean mask of the tokens that BPE never puts right after a token of this class
+        (within one chunk). Tokens that are not BPE's own encoding of their bytes are included."""
+        mask = ~self.self_canonical.copy()
+        for x, born_x, absorbed_x in self.class_chain[right_class]:
+            for rank, y in self.by_left.get(x, ()):
+                if rank <= born_x:
+                    continue
+                if rank >= absorbed_x:
+                    break
+                entry = self.left_index.get(y)
+                if entry is None:
+                    continue
+                absorbed, born, tokens = entry
+                k = int(np.searchsorted(-absorbed, -rank, side="right"))  # absorbed >= rank
+                mask[tokens[:k][born[:k] < rank]] = True
+        mask.flags.writeable = False
+        return mask
+
+
+def _chain(chain: Sequence[Tuple[int, int]]) -> Chain:
+    """((token, born, absorbed), ...) from ((token, born), ...)."""
+    out = []
+    for k, (tok, born) in enumerate(chain):
+        absorbed = chain[k + 1][1] if k + 1 < len(chain) else INF
+        out.append((tok, born, absorbed))
+    return tuple(out)

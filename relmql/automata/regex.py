@@ -1,0 +1,500 @@
+"""Python ``re`` syntax → a small regular-expression AST with source spans.
+
+The pattern is first checked by ``re.compile`` itself, so every syntax error is Python's own
+message at Python's own position. The parser below follows CPython's ``re._parser`` step by
+step, but keeps the span of every node and rejects what is not a regular language: back-references,
+look-around, word boundaries, conditional and atomic groups, possessive quantifiers, and anchors
+anywhere but at the very start or end. Alternation order and lazy quantifiers do not change the
+set of strings ``re.fullmatch`` accepts, so they are read and dropped.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import unicodedata
+import warnings
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from ..errors import RegexError, Span
+from .charset import ALL, NEWLINE, CodepointSet, category
+
+MAXREPEAT = None  # unbounded
+
+
+# ---------------------------------------------------------------- AST
+
+
+@dataclass(frozen=True)
+class Node:
+    span: Span
+
+
+@dataclass(frozen=True)
+class Chars(Node):
+    """One character from ``chars``."""
+    chars: CodepointSet
+
+
+@dataclass(frozen=True)
+class Seq(Node):
+    items: Tuple[Node, ...]
+
+
+@dataclass(frozen=True)
+class Alt(Node):
+    items: Tuple[Node, ...]
+
+
+@dataclass(frozen=True)
+class Repeat(Node):
+    item: Node
+    min: int
+    max: Optional[int]  # None: unbounded
+
+
+@dataclass(frozen=True)
+class Group(Node):
+    """A capturing group (index from 1) or a scoped-flag group (index 0)."""
+    item: Node
+    index: int
+    name: Optional[str]
+
+
+@dataclass(frozen=True)
+class Anchor(Node):
+    """``^``/``\\A`` (kind "start") or ``$``/``\\Z`` (kind "end"); removed by ``strip_anchors``."""
+    kind: str
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A parsed pattern: the AST, its source, and its capture groups."""
+    root: Node
+    source: str
+    groups: int
+    group_names: Tuple[Tuple[str, int], ...]
+
+
+# ---------------------------------------------------------------- flags
+
+FLAG_I, FLAG_M, FLAG_S, FLAG_X, FLAG_A, FLAG_U = 1, 2, 4, 8, 16, 32
+FLAGS = {"i": FLAG_I, "m": FLAG_M, "s": FLAG_S, "x": FLAG_X, "a": FLAG_A, "u": FLAG_U}
+_FLAG_LETTERS = {v: k for k, v in FLAGS.items()}
+
+SPECIAL_CHARS = ".\\[{()*+?^$|"
+REPEAT_CHARS = "*+?{"
+DIGITS = frozenset("0123456789")
+OCTDIGITS = frozenset("01234567")
+HEXDIGITS = frozenset("0123456789abcdefABCDEF")
+ASCIILETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+WHITESPACE = frozenset(" \t\n\r\v\f")
+SIMPLE_ESCAPES = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 92}
+
+
+def parse(pattern: str) -> Pattern:
+    """Parse ``pattern`` (Python ``re`` syntax) into a ``Pattern`` with edge anchors removed.
+
+    Raises ``RegexError`` with a span inside ``pattern`` for invalid or non-regular patterns.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled = re.compile(pattern)
+    except re.error as e:
+        pos = e.pos if e.pos is not None else 0
+        raise RegexError(e.msg, (pos, pos + 1), pattern) from None
+    except (OverflowError, RecursionError) as e:
+        raise RegexError(f"pattern too complex for Python's re: {e}", (0, len(pattern)), pattern) from None
+    parser = _Parser(pattern)
+    try:
+        root = parser.parse()
+    except RegexError:
+        raise
+    except Exception as e:  # pragma: no cover - a construct re accepts that the port does not
+        raise RegexError(f"relmql cannot read this pattern ({type(e).__name__})", (0, len(pattern)),
+                         pattern) from None
+    root = strip_anchors(root, pattern)
+    names = tuple(sorted(compiled.groupindex.items(), key=lambda kv: kv[1]))
+    return Pattern(root, pattern, compiled.groups, names)
+
+
+class _Parser:
+    def __init__(self, source: str):
+        self.s = source
+        self.i = 0
+        self.flags = 0
+        self.group_count = 0
+
+    # -- tokenizer (one "char" is a single character or a backslash escape of two)
+    def peek(self) -> Optional[str]:
+        if self.i >= len(self.s):
+            return None
+        if self.s[self.i] == "\\":
+            return self.s[self.i:self.i + 2]
+        return self.s[self.i]
+
+    def get(self) -> Optional[str]:
+        c = self.peek()
+        if c is not None:
+            self.i += len(c)
+        return c
+
+    def match(self, c: str) -> bool:
+        if self.peek() == c:
+            self.i += len(c)
+            return True
+        return False
+
+    def getwhile(self, n: int, charset) -> str:
+        out = ""
+        for _ in range(n):
+            c = self.peek()
+            if c is None or c not in charset:
+                break
+            out += c
+            self.i += 1
+        return out
+
+    def getuntil(self, terminator: str) -> str:
+        out = ""
+        while True:
+            c = self.get()
+            if c == terminator or c is None:
+                return out
+            out += c
+
+    def unsupported(self, message: str, start: int, end: Optional[int] = None):
+        raise RegexError(message, (start, end if end is not None else self.i), self.s)
+
+    # -- grammar
+    def parse(self) -> Node:
+        node = self.parse_alt(self.flags, nested=0)
+        return node
+
+    def parse_alt(self, flags: int, nested: int) -> Node:
+        start = self.i
+        items = [self.parse_seq(flags, nested, first=not nested)]
+        while self.match("|"):
+            if not nested:
+                flags = self.flags
+            items.append(self.parse_seq(flags, nested, first=False))
+        if len(items) == 1:
+            return items[0]
+        return Alt((start, self.i), tuple(items))
+
+    def parse_seq(self, flags: int, nested: int, first: bool) -> Node:
+        start = self.i
+        items = []
+        while True:
+            this_pos = self.i
+            this = self.peek()
+            if this is None or this in "|)":
+                break
+            self.get()
+            if flags & FLAG_X:
+                if this in WHITESPACE:
+                    continue
+                if this == "#":
+                    while True:
+                        c = self.get()
+                        if c is None or c == "\n":
+                            break
+                    continue
+            if this[0] == "\\":
+                items.append(self.escape(this, this_pos, flags))
+            elif this not in SPECIAL_CHARS:
+                items.append(self.literal(ord(this), (this_pos, self.i), flags))
+            elif this == "[":
+                items.append(self.char_class(this_pos, flags))
+            elif this in REPEAT_CHARS:
+                rep = self.quantifier(this, this_pos)
+                if rep is None:  # a "{" that is not a quantifier is a literal
+                    items.append(self.literal(ord("{"), (this_pos, this_pos + 1), flags))
+                    continue
+                lo, hi = rep
+                item = items.pop()
+                if self.match("?"):
+                    pass  # lazy: same set of strings
+                elif self.peek() == "+":
+                    self.get()
+                    self.unsupported("possessive quantifiers change which strings match and are not "
+                                     "supported; drop the trailing '+'", this_pos, self.i)
+                items.append(Repeat((item.span[0], self.i), item, lo, hi))
+            elif this == ".":
+                chars = ALL if flags & FLAG_S else ALL.difference(NEWLINE)
+                items.append(Chars((this_pos, self.i), chars.encodable()))
+            elif this == "(":
+                node = self.group(this_pos, flags, nested, first and not items)
+                if node is not None:
+                    items.append(node)
+                elif not nested:
+                    flags = self.flags  # a comment, or global flags just read
+            elif this == "^":
+                items.append(Anchor((this_pos, self.i), "start"))
+            elif this == "$":
+                items.append(Anchor((this_pos, self.i), "end"))
+            else:  # pragma: no cover - re.compile accepted it
+                raise AssertionError(this)
+        if len(items) == 1:
+            return items[0]
+        return Seq((start, self.i), tuple(items))
+
+    def quantifier(self, this: str, pos: int):
+        if this == "?":
+            return 0, 1
+        if this == "*":
+            return 0, MAXREPEAT
+        if this == "+":
+            return 1, MAXREPEAT
+        # "{"
+        if self.peek() == "}":
+            return None
+        here = self.i
+        lo = hi = ""
+        while self.peek() in DIGITS:
+            lo += self.get()
+        if self.match(","):
+            while self.peek() in DIGITS:
+                hi += self.get()
+        else:
+            hi = lo
+        if not self.match("}"):
+            self.i = here
+            return None
+        return (int(lo) if lo else 0), (int(hi) if hi else MAXREPEAT)
+
+    def group(self, start: int, flags: int, nested: int, first: bool) -> Optional[Node]:
+        capture, name, add, delete = True, None, 0, 0
+        if self.match("?"):
+            c = self.get()
+            if c == "P":
+                if self.match("<"):
+                    name = self.getuntil(">")
+                else:  # (?P=name)
+                    self.getuntil(")")
+                    self.unsupported("back-references are not regular and cannot be compiled", start)
+            elif c == ":":
+                capture = False
+            elif c == "#":
+                self.getuntil(")")
+                return None
+            elif c in "=!<":
+                kind = "look-behind" if c == "<" else "look-ahead"
+                self._skip_group()
+                self.unsupported(f"{kind} assertions are not supported", start)
+            elif c == "(":
+                self.getuntil(")")
+                self._skip_group()
+                self.unsupported("conditional groups are not supported", start)
+            elif c == ">":
+                self._skip_group()
+                self.unsupported("atomic groups are not supported", start)
+            else:  # flags
+                while c not in (":", ")", "-"):
+                    add |= FLAGS[c]
+                    c = self.get()
+                if c == "-":
+                    c = self.get()
+                    while c != ":":
+                        delete |= FLAGS[c]
+                        c = self.get()
+                if c == ")":  # global flags
+                    self.flags |= add
+                    self._check_flags(self.flags, start)
+                    return None
+                capture = False
+        index = 0
+        if capture:
+            self.group_count += 1
+            index = self.group_count
+        inner = (flags | add) & ~delete
+        self._check_flags(inner, start)
+        item = self.parse_alt(inner, nested + 1)
+        self.match(")")
+        if capture or add or delete:
+            return Group((start, self.i), item, index, name)
+        return item
+
+    def _skip_group(self):
+        depth = 1
+        while depth:
+            c = self.get()
+            if c is None:
+                return
+            if c == "(":
+                depth += 1
+            elif c == ")":
+                depth -= 1
+            elif c == "[":
+                self._skip_class()
+
+    def _skip_class(self):
+        self.match("^")
+        first = True
+        while True:
+            c = self.get()
+            if c is None or (c == "]" and not first):
+                return
+            first = False
+
+    def _check_flags(self, flags: int, pos: int):
+        if flags & FLAG_A and flags & FLAG_U:  # pragma: no cover - re rejects this
+            self.unsupported("flags 'a' and 'u' are incompatible", pos)
+
+    def literal(self, cp: int, span: Span, flags: int) -> Chars:
+        chars = CodepointSet.of(cp)
+        if flags & FLAG_I:
+            chars = _ignorecase(self.s[span[0]:span[1]], chars, flags)
+        return Chars(span, chars.encodable())
+
+    def escape(self, esc: str, pos: int, flags: int) -> Node:
+        c = esc[1]
+        span = lambda: (pos, self.i)  # noqa: E731
+        if c in "AZ":
+            return Anchor(span(), "start" if c == "A" else "end")
+        if c in "bB":
+            self.unsupported("word boundaries (\\b, \\B) are not supported", pos)
+        if c in "dswDSW":
+            chars = category(c.lower(), bool(flags & FLAG_A))
+            if c.isupper():
+                chars = chars.complement()
+            if flags & FLAG_I:
+                chars = _ignorecase(esc, chars, flags)
+            return Chars(span(), chars.encodable())
+        if c in DIGITS and c != "0":
+            # octal escape (three octal digits) or a group reference
+            if self.peek() in DIGITS:
+                d2 = self.get()
+                if c in OCTDIGITS and d2 in OCTDIGITS and self.peek() in OCTDIGITS:
+                    d3 = self.get()
+                    return self.literal(int(c + d2 + d3, 8), span(), flags)
+            self.unsupported("back-references are not regular and cannot be compiled", pos)
+        return self.literal(self._escape_cp(esc), span(), flags)
+
+    def _escape_cp(self, esc: str) -> int:
+        """The code point of a literal escape (also valid inside a class)."""
+        c = esc[1]
+        if c in SIMPLE_ESCAPES:
+            return SIMPLE_ESCAPES[c]
+        if c == "x":
+            return int(self.getwhile(2, HEXDIGITS), 16)
+        if c == "u":
+            return int(self.getwhile(4, HEXDIGITS), 16)
+        if c == "U":
+            return int(self.getwhile(8, HEXDIGITS), 16)
+        if c == "N":
+            self.match("{")
+            return ord(unicodedata.lookup(self.getuntil("}")))
+        if c in OCTDIGITS:
+            return int(c + self.getwhile(2, OCTDIGITS), 8)
+        return ord(c)
+
+    def char_class(self, start: int, flags: int) -> Chars:
+        negate = self.match("^")
+        items = []
+        first = True
+        while True:
+            this = self.get()
+            if this == "]" and not first:
+                break
+            first = False
+            if this[0] == "\\":
+                code1 = self._class_escape(this, flags)
+            else:
+                code1 = ord(this)
+            if self.match("-"):
+                that = self.get()
+                if that == "]":
+                    items.append(code1 if isinstance(code1, CodepointSet) else CodepointSet.of(code1))
+                    items.append(CodepointSet.of(ord("-")))
+                    break
+                code2 = self._class_escape(that, flags) if that[0] == "\\" else ord(that)
+                items.append(CodepointSet([(code1, code2)]))
+            else:
+                items.append(code1 if isinstance(code1, CodepointSet) else CodepointSet.of(code1))
+        chars = CodepointSet()
+        for item in items:
+            chars = chars.union(item)
+        if negate:
+            chars = chars.complement()
+        span = (start, self.i)
+        if flags & FLAG_I:
+            chars = _ignorecase(self.s[start:self.i], chars, flags)
+        return Chars(span, chars.encodable())
+
+    def _class_escape(self, esc: str, flags: int):
+        c = esc[1]
+        if c in "dswDSW":
+            chars = category(c.lower(), bool(flags & FLAG_A))
+            return chars.complement() if c.isupper() else chars
+        return self._escape_cp(esc)
+
+
+# ---------------------------------------------------------------- IGNORECASE
+
+
+@functools.lru_cache(maxsize=1)
+def _cased() -> CodepointSet:
+    """Code points whose match under re.IGNORECASE can differ from an exact match."""
+    import _sre
+    cps = set()
+    for c in range(0x110000):
+        low = _sre.unicode_tolower(c)
+        if low != c or _sre.unicode_iscased(c):
+            cps.add(c)
+            cps.add(low)
+    return CodepointSet((c, c) for c in cps)
+
+
+def _ignorecase(atom_source: str, chars: CodepointSet, flags: int) -> CodepointSet:
+    """``chars`` as matched by ``atom_source`` under re.IGNORECASE, decided by ``re`` itself for
+    every code point that has a case mapping (all others match exactly as without the flag)."""
+    letters = "".join(_FLAG_LETTERS[f] for f in (FLAG_I, FLAG_S, FLAG_A) if flags & f)
+    oracle = re.compile(f"(?{letters}:{atom_source})")
+    cased = _cased()
+    keep = chars.difference(cased)
+    extra = [c for c in cased.codepoints() if not (0xD800 <= c <= 0xDFFF) and oracle.fullmatch(chr(c))]
+    return keep.union(CodepointSet((c, c) for c in extra))
+
+
+# ---------------------------------------------------------------- anchors
+
+
+def strip_anchors(node: Node, source: str) -> Node:
+    """Replace anchors at the very start or end by nothing; any other anchor is an error."""
+    return _strip(node, True, True, source)
+
+
+def _zero_width(node: Node) -> bool:
+    if isinstance(node, Group):
+        return _zero_width(node.item)
+    return isinstance(node, Anchor) or (isinstance(node, Seq) and all(_zero_width(n) for n in node.items))
+
+
+def _strip(node: Node, at_start: bool, at_end: bool, source: str) -> Node:
+    if isinstance(node, Anchor):
+        ok = at_start if node.kind == "start" else at_end
+        if not ok:
+            where = "start" if node.kind == "start" else "end"
+            raise RegexError(f"an anchor that is not at the {where} of the pattern cannot be compiled "
+                             "(relmql matches whole strings, so anchors are only allowed at the edges)",
+                             node.span, source)
+        return Seq(node.span, ())
+    if isinstance(node, Seq):
+        items = node.items
+        out = []
+        for k, item in enumerate(items):
+            s = at_start and all(_zero_width(n) for n in items[:k])
+            e = at_end and all(_zero_width(n) for n in items[k + 1:])
+            out.append(_strip(item, s, e, source))
+        return Seq(node.span, tuple(out))
+    if isinstance(node, Alt):
+        return Alt(node.span, tuple(_strip(n, at_start, at_end, source) for n in node.items))
+    if isinstance(node, Group):
+        return Group(node.span, _strip(node.item, at_start, at_end, source), node.index, node.name)
+    if isinstance(node, Repeat):
+        once = node.max is not None and node.max <= 1
+        return Repeat(node.span, _strip(node.item, at_start and once, at_end and once, source), node.min, node.max)
+    return node

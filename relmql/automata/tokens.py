@@ -1,0 +1,423 @@
+"""Token automata: the byte language seen through a model's vocabulary.
+
+A token automaton state stands for a byte-DFA state ``q`` and, in regions tokenized
+canonically, the pre-tokenizer tracker state ``tau`` and the right-edge class ``lam`` of the
+previous token (for BPE's pair test). States are packed into one int64, ``q | tau << bq |
+lam << (bq + bt)``, so that a state's id is its content and nothing needs interning.
+
+Transitions are computed when a state is first asked for (``arcs``), vectorized over the
+vocabulary trie, and cached; ``build_eager`` computes all of them at once.
+
+Regions: the text is ``prefix SPLIT completion``. Each region is tokenized on its own (a token
+never crosses the split), with all tokenizations or canonically (what the tokenizer produces
+for that region's text alone). Arcs out of a prefix state also include the completion's first
+tokens when the prefix may end there; ``Arcs.prefix`` tells which tokens belong to the prefix.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..errors import CompileError, ModelError
+from ..models.vocab import Vocabulary
+from .fsa import SPLIT_COL, ByteDFA, count_strings
+from .language import Language
+from .trie import VocabTrie, trie_for
+
+TOKENIZATIONS = ("canonical", "all")
+
+
+@dataclass
+class Arcs:
+    """The transitions out of one state: ``tokens[i]`` leads to ``targets[i]``; ``prefix[i]``
+    is true when that token is part of the prefix."""
+    tokens: np.ndarray
+    targets: np.ndarray
+    prefix: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class Stats:
+    """Sizes of an eagerly built token automaton."""
+    states: int
+    arcs: int
+    seconds: float
+
+
+class TokenAutomaton:
+    """The token sequences that spell the strings of a ``Language`` with a ``Vocabulary``.
+
+    ``tokenization`` applies to the completion and ``prefix_tokenization`` to the prefix:
+    "all" admits every token sequence that spells the text, "canonical" only the sequence the
+    model's tokenizer produces for it.
+    """
+
+    def __init__(self, language: Language, vocabulary: Vocabulary, tokenization: str = "canonical",
+                 prefix_tokenization: str = "canonical"):
+        for name, mode in (("tokenization", tokenization), ("prefix_tokenization", prefix_tokenization)):
+            if mode not in TOKENIZATIONS:
+                raise CompileError(f"unknown {name} {mode!r}; use canonical or all")
+        self.language = language
+        self.vocabulary = vocabulary
+        self.tokenization = tokenization
+        self.prefix_tokenization = prefix_tokenization
+        self.warnings: List[str] = []
+        self.trie: VocabTrie = trie_for(vocabulary)
+        dfa = language.dfa
+        if vocabulary.prepend:
+            dfa = _with_prepend(dfa, vocabulary.prepend)
+        self.dfa = self._producible(dfa)
+        self.delta = self.dfa.delta
+        self.dead = self.dfa.dead
+        self.phase = _phases(self.dfa)
+        self.canonical = (prefix_tokenization == "canonical", tokenization == "canonical")
+        nq = self.dfa.num_states + 1
+        self.bq = max(1, int(nq).bit_length())
+        self.bt = 0
+        self.tracker = self.pairs = None
+        if any(self.canonical):
+            from .pretokenize import rules_for, tracker_for
+            self.pairs = _pair_table(vocabulary)
+            self.tracker = tracker_for(rules_for(vocabulary))
+            self.bt = 40 - self.bq if self.bq < 40 else 8
+        self.start = self._pack(0, self._fresh(0), 0)
+        self._dfa_cache: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
+        self._live_cache: Dict[tuple, object] = {}
+        self._arcs_cache: Dict[int, Arcs] = {}
+
+    # -- packing
+    def _pack(self, q, tau, lam):
+        return np.asarray(q, np.int64) | (np.asarray(tau, np.int64) << self.bq) | (
+            np.asarray(lam, np.int64) << (self.bq + self.bt))
+
+    def unpack(self, state: int) -> Tuple[int, int, int]:
+        state = int(state)
+        q = state & ((1 << self.bq) - 1)
+        tau = (state >> self.bq) & ((1 << self.bt) - 1) if self.bt else 0
+        lam = state >> (self.bq + self.bt)
+        return q, tau, lam
+
+    def _fresh(self, region: int) -> int:
+        return self.tracker.start if self.canonical[region] else 0
+
+    # -- queries
+    def dfa_state(self, state: int) -> int:
+        return self.unpack(state)[0]
+
+    def in_prefix(self, state: int) -> bool:
+        """Whether the text so far is still (a prefix of) the prefix."""
+        return self.phase[self.dfa_state(state)] == 0
+
+    def final_edits(self, state: int) -> int:
+        """-1 if the text may not end here, else the edit count of the text."""
+        q, tau, _ = self.unpack(state)
+        region = self.phase[q]
+        if region == 0:
+            if self.canonical[0] and not self.tracker.accepts_end(tau):
+                return -1
+            q = int(self.delta[q, SPLIT_COL])
+            if q == self.dead:
+                return -1
+            tau = self._fresh(1)
+        if self.dfa.final[q] < 0:
+            return -1
+        if self.canonical[1] and not self.tracker.accepts_end(tau):
+            return -1
+        return int(self.dfa.final[q])
+
+    def is_final(self, state: int) -> bool:
+        return self.final_edits(state) >= 0
+
+    def arcs(self, state: int) -> Arcs:
+        """The transitions out of ``state`` (cached)."""
+        state = int(state)
+        got = self._arcs_cache.get(state)
+        if got is not None:
+            return got
+        q, tau, lam = self.unpack(state)
+        parts = []
+        if self.phase[q] == 0:
+            toks, tgts = self._region_arcs(q, tau, lam, 0)
+            parts.append((toks, tgts, np.ones(len(toks), bool)))
+            q2 = int(self.delta[q, SPLIT_COL])
+            if q2 != self.dead and (not self.canonical[0] or self.tracker.accepts_end(tau)):
+                toks, tgts = self._region_arcs(q2, self._fresh(1), 0, 1)
+                parts.append((toks, tgts, np.zeros(len(toks), bool)))
+        else:
+            toks, tgts = self._region_arcs(q, tau, lam, 1)
+            parts.append((toks, tgts, np.zeros(len(toks), bool)))
+        arcs = Arcs(*(np.concatenate(x) for x in zip(*parts)))
+        if len(self._arcs_cache) > 100_000:
+            self._arcs_cache.clear()
+        self._arcs_cache[state] = arcs
+        return arcs
+
+    def next_state(self, state: int, token: int) -> Optional[Tuple[int, bool]]:
+        """(target, is_prefix_token) of ``token`` from ``state``, or None (first match)."""
+        arcs = self.arcs(state)
+        hit = np.flatnonzero(arcs.tokens == token)
+        if not len(hit):
+            return None
+        return int(arcs.targets[hit[0]]), bool(arcs.prefix[hit[0]])
+
+    def accepts(self, tokens, prefix_len: Optional[int] = None) -> bool:
+        """Whether a token sequence is in the automaton (with the first ``prefix_len`` tokens
+        as prefix tokens, when given)."""
+        states = [(self.start, 0)]
+        for tok in tokens:
+            nxt = []
+            for s, k in states:
+                arcs = self.arcs(s)
+                for i in np.flatnonzero(arcs.tokens == tok):
+                    if prefix_len is None or bool(arcs.prefix[i]) == (k < prefix_len):
+                        nxt.append((int(arcs.targets[i]), k + 1))
+            states = nxt
+            if not states:
+                return False
+        return any(self.is_final(s) for s, _ in states)
+
+    # -- region transitions
+    def _dfa_arcs(self, q: int) -> Tuple[np.ndarray, np.ndarray]:
+        got = self._dfa_cache.get(q)
+        if got is None:
+            _, toks, tgts = self.trie.walk_dfa(self.delta, [q])
+            got = self._dfa_cache[q] = (toks, tgts)
+        return got
+
+    def _tracker_walk(self, tau: int) -> np.ndarray:
+        """The tracker state after each token's bytes from ``tau`` (-1 where rejected)."""
+        key = (self.vocabulary.fingerprint, tau)
+        got = self.tracker.walks.get(key)
+        if got is None:
+            _, toks, tgts = self.trie.walk(self.tracker.step, -1, [tau])
+            got = np.full(len(self.vocabulary.tokens), -1, np.int64)
+            got[toks] = tgts
+            got.flags.writeable = False
+            self.tracker.walks[key] = got
+        return got
+
+    def _region_arcs(self, q: int, tau: int, lam: int, region: int) -> Tuple[np.ndarray, np.ndarray]:
+        toks, tq = self._dfa_arcs(q)
+        if not self.canonical[region]:
+            return toks, tq
+        pairs, tracker = self.pairs, self.tracker
+        keep = pairs.self_canonical[toks]
+        ok = np.ones(len(toks), bool) if lam == 0 else ~pairs.forbidden_after(lam)[toks]
+        t_ok, t_bad = tracker.boundary(np.array([tau, tau]), np.array([True, False]))
+        end = self._tracker_walk(int(t_ok))[toks]
+        if (~ok).any():
+            bad_end = self._tracker_walk(int(t_bad))[toks] if t_bad >= 0 else np.full(len(toks), -1)
+            end = np.where(ok, end, bad_end)
+        keep &= end >= 0
+        toks, tq, end = toks[keep], tq[keep], end[keep]
+        lam2 = pairs.right_class[toks]
+        if len(toks):
+            pairs_qt = tq * (1 << 40) + end
+            uniq, inv = np.unique(pairs_qt, return_inverse=True)
+            keep = np.ones(len(toks), bool)
+            for u, key in enumerate(uniq.tolist()):
+                q2, t2 = key >> 40, key & ((1 << 40) - 1)
+                members = np.flatnonzero(inv == u)
+                if not self._live(q2, t2, region):
+                    keep[members] = False
+                    continue
+                need = self._next_needs_pair(q2, t2, region)
+                if need is not None:  # only a few next tokens, all inside this chunk: test the pairs
+                    for m in members.tolist():
+                        keep[m] = any(pairs.pair_ok(int(lam2[m]), t) for t in need)
+            toks, tq, end, lam2 = toks[keep], tq[keep], end[keep], lam2[keep]
+        return toks, self._pack(tq, end, lam2)
+
+    def _next_needs_pair(self, q: int, tau: int, region: int, small: int = 32):
+        """None when some continuation from (q, tau) cannot be blocked by the previous token;
+        else the few tokens that could come next, each of which must pair with it.
+
+        A token whose boundary may turn out to be a chunk boundary, or the end of the region,
+        frees the continuation from the pair test; with more than ``small`` candidates, one of
+        them is assumed to pair (BPE forbids about 3% of pairs)."""
+        key = (q, tau, region, "next")
+        if key in self._live_cache:
+            return self._live_cache[key]
+        result = None
+        if not self._region_end_ok(q, tau, region):
+            toks, _ = self._dfa_arcs(q)
+            toks = toks[self.pairs.self_canonical[toks]]
+            t_ok, t_bad = self.tracker.boundary(np.array([tau, tau]), np.array([True, False]))
+            free = t_bad >= 0 and (self._tracker_walk(int(t_bad))[toks] >= 0).any()
+            if not free:
+                ok = toks[self._tracker_walk(int(t_ok))[toks] >= 0] if t_ok >= 0 else toks[:0]
+                if len(ok) <= small:
+                    result = ok.tolist()
+        self._live_cache[key] = result
+        return result
+
+    def _live(self, q: int, tau: int, region: int, budget: int = 4000) -> bool:
+        """Whether some continuation of the region's text lets the tokenizer's chunking agree
+        with the tokens so far (future tokens assumed canonical). Breadth-first over bytes with a
+        token boundary at every character boundary; gives up (True) after ``budget`` states."""
+        key = (q, tau, region)
+        got = self._live_cache.get(key)
+        if got is not None:
+            return got
+        tracker = self.tracker
+        seen = {(q, tau)}
+        frontier = [(q, tau)]
+        result = None
+        while frontier and result is None:
+            nxt = []
+            for q1, t1 in frontier:
+                if self._region_end_ok(q1, t1, region):
+                    result = True
+                    break
+                if len(seen) > budget:
+                    result = True
+                    break
+                tb = int(tracker.boundary(np.array([t1]), np.array([True]))[0])
+                if tb < 0:
+                    continue
+                byts = np.flatnonzero(self.delta[q1, :256] != self.dead)
+                if not len(byts):
+                    continue
+                q2 = self.delta[q1, byts]
+                at_char = (tracker.reader_start == t1 % tracker.nreader)
+                t2 = tracker.step(np.full(len(byts), tb if at_char else t1), byts)
+                for a, b in zip(q2.tolist(), t2.tolist()):
+                    if b >= 0 and (a, b) not in seen:
+                        seen.add((a, b))
+                        nxt.append((a, b))
+            frontier = nxt
+        result = bool(result)
+        self._live_cache[key] = result
+        return result
+
+    def _region_end_ok(self, q: int, tau: int, region: int) -> bool:
+        if region == 0:
+            if self.delta[q, SPLIT_COL] == self.dead:
+                return False
+        elif self.dfa.final[q] < 0:
+            return False
+        return self.tracker.accepts_end(tau)
+
+    # -- whole-automaton operations
+    def build_eager(self, max_states: int = 1_000_000) -> Stats:
+        """Compute every reachable state's arcs (all-tokenization automata are built in one
+        vectorized pass over all DFA states)."""
+        import time
+        t0 = time.perf_counter()
+        if not any(self.canonical):
+            bounds, toks, tgts = self.trie.walk_dfa(self.delta, np.arange(self.dfa.num_states))
+            for q in range(self.dfa.num_states):
+                self._dfa_cache[q] = (toks[bounds[q]:bounds[q + 1]], tgts[bounds[q]:bounds[q + 1]])
+        seen = {int(self.start)}
+        todo = [int(self.start)]
+        narcs = 0
+        while todo:
+            s = todo.pop()
+            arcs = self.arcs(s)
+            narcs += len(arcs)
+            for t in np.unique(arcs.targets).tolist():
+                if t not in seen:
+                    if len(seen) >= max_states:
+                        raise CompileError(f"the token automaton has more than {max_states:,} states")
+                    seen.add(t)
+                    todo.append(t)
+        return Stats(len(seen), narcs, time.perf_counter() - t0)
+
+    def count_paths(self, state: int, max_tokens: int, prefix_only: bool = False) -> int:
+        """The number of accepted token paths of at most ``max_tokens`` tokens from ``state``
+        (with ``prefix_only``: paths to the end of the prefix). Cycles are unrolled."""
+        return self._count(int(state), max_tokens, prefix_only)
+
+    @functools.lru_cache(maxsize=200_000)
+    def _count(self, state: int, budget: int, prefix_only: bool) -> int:
+        if prefix_only:
+            q, tau, _ = self.unpack(state)
+            if self.phase[q] != 0:
+                return 0
+            total = int(self.delta[q, SPLIT_COL] != self.dead and
+                        (not self.canonical[0] or self.tracker.accepts_end(tau)))
+        else:
+            total = int(self.is_final(state))
+        if budget == 0:
+            return total
+        arcs = self.arcs(state)
+        targets = arcs.targets[arcs.prefix] if prefix_only else arcs.targets
+        uniq, counts = np.unique(targets, return_counts=True)
+        for t, c in zip(uniq.tolist(), counts.tolist()):
+            total += c * self._count(t, budget - 1, prefix_only)
+        return total
+
+    # -- producibility
+    def _producible(self, dfa: ByteDFA) -> ByteDFA:
+        """Drop (and report) strings that need a byte no token contains."""
+        present = np.zeros(256, bool)
+        present[np.unique(self.trie.node_byte[1:])] = True
+        missing = np.flatnonzero(~present)
+        used = [b for b in missing if (dfa.delta[:-1, b] != dfa.dead).any()]
+        if not used:
+            return dfa
+        delta = dfa.delta.copy()
+        delta[:, used] = dfa.dead
+        from .fsa import _trim
+        kept = _trim(ByteDFA(delta, dfa.final.copy()))
+        shown = ", ".join(f"0x{b:02X}" for b in used[:8])
+        total, left = count_strings(dfa), count_strings(kept)
+        lost = "some" if total is None else f"{total - (left or 0):,}"
+        msg = (f"{lost} strings of this query cannot be produced by this model: its vocabulary has no "
+               f"token containing byte(s) {shown}")
+        if kept.is_empty():
+            raise CompileError("no string of this query can be produced by this model: its vocabulary "
+                               f"has no token containing byte(s) {shown}")
+        self.warnings.append(msg)
+        return kept
+
+
+@functools.lru_cache(maxsize=8)
+def _pair_table(vocab: Vocabulary):
+    from .bpe import PairTable
+    return PairTable(vocab)
+
+
+def _phases(dfa: ByteDFA) -> np.ndarray:
+    """0 for states before the split, 1 after."""
+    n = dfa.num_states
+    phase = np.ones(n + 1, np.int8)
+    seen = np.zeros(n + 1, bool)
+    seen[0] = True
+    frontier = np.array([0])
+    while len(frontier):
+        phase[frontier] = 0
+        nxt = np.unique(dfa.delta[frontier, :256])
+        nxt = nxt[(nxt != dfa.dead) & ~seen[nxt]]
+        seen[nxt] = True
+        frontier = nxt
+    return phase
+
+
+def _with_prepend(dfa: ByteDFA, prepend: bytes) -> ByteDFA:
+    """The language with ``prepend`` in front of the text: before the prefix, or right after the
+    split when the prefix is always empty."""
+    n, k = dfa.num_states, len(prepend)
+    shift = k + 1
+    dead = n + shift
+    delta = np.full((n + shift + 1, dfa.delta.shape[1]), dead, np.int32)
+    old = dfa.delta[:-1].astype(np.int64)
+    delta[shift:dead] = np.where(old == dfa.dead, dead, old + shift)
+    final = np.concatenate([np.full(shift, -1, np.int8), dfa.final[:-1], [np.int8(-1)]])
+    after_split = int(dfa.delta[0, SPLIT_COL])
+    empty_prefix = after_split != dfa.dead and not (dfa.delta[0, :256] != dfa.dead).any()
+    if empty_prefix:
+        delta[0, SPLIT_COL] = 1
+        chain, last = list(range(1, k + 1)), after_split + shift
+    else:
+        chain, last = list(range(k)), shift
+    for i, b in enumerate(prepend):
+        delta[chain[i], b] = chain[i + 1] if i + 1 < k else last
+    return ByteDFA(delta, final)

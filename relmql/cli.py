@@ -1,0 +1,108 @@
+"""The ``relmql`` command.
+
+Until the query language lands, the command runs one query given by flags:
+
+    relmql --matching 'George Washington was born on (July|May) [0-9]{1,2}' \\
+           --prefix 'George Washington was born on' --limit 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from typing import List, Optional
+
+from . import __version__
+from .errors import Error
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .automata import EDIT_SCOPES, TOKENIZATIONS
+    from .models import BUILTIN_MODELS, DEFAULT_MODEL
+    p = argparse.ArgumentParser(
+        prog="relmql",
+        description="Query a language model with a regular expression: the most probable strings "
+                    "of the pattern, in exact order of probability.")
+    p.add_argument("--version", action="version", version=f"relmql {__version__}")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"a built-in model ({', '.join(BUILTIN_MODELS)}), a local directory or a hub id "
+                        f"(default: {DEFAULT_MODEL})")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (default: auto)")
+    p.add_argument("--matching", required=True, metavar="REGEX",
+                   help="the strings to find, the prefix included (Python re syntax)")
+    p.add_argument("--prefix", metavar="REGEX", help="the given part of each string (not pruned by --topk)")
+    p.add_argument("--limit", type=int, default=10, help="how many strings to return (default: 10)")
+    p.add_argument("--topk", type=int, help="only strings whose every completion token is among the k most probable")
+    p.add_argument("--tokenization", choices=TOKENIZATIONS, default="canonical")
+    p.add_argument("--prefix-tokenization", choices=TOKENIZATIONS, default="canonical")
+    p.add_argument("--edits", type=int, default=0, help="allow up to N character edits")
+    p.add_argument("--edit-scope", choices=EDIT_SCOPES, default="all")
+    p.add_argument("--max-tokens", type=int, default=64, help="longest token sequence to consider")
+    p.add_argument("--explain", action="store_true", help="describe the compiled automaton instead of running")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except Error as e:
+        _print_error(e)
+        return 1
+    except KeyboardInterrupt:
+        print("cancelled", file=sys.stderr)
+        return 130
+
+
+def _print_error(e: Error) -> None:
+    where = {"MATCHING": "--matching", "PREFIX": "--prefix"}.get(e.role or "", e.role)
+    text = e.render()
+    if where:
+        text = text.replace(f"{e.kind}: ", f"{e.kind} in {where}: ", 1)
+    print(text, file=sys.stderr)
+
+
+def _run(args) -> int:
+    from .automata import CompileOptions, compile
+    from .execute import search
+    from .models import load_model
+    t0 = time.perf_counter()
+    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    t1 = time.perf_counter()
+    options = CompileOptions(tokenization=args.tokenization, prefix_tokenization=args.prefix_tokenization,
+                             edits=args.edits, edit_scope=args.edit_scope)
+    automaton = compile(args.matching, model.vocabulary, args.prefix, options)
+    t2 = time.perf_counter()
+    for w in automaton.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if args.explain:
+        _explain(automaton)
+        return 0
+    rows = []
+    width = 0
+    for rank, m in enumerate(search(automaton, model, args.limit, args.topk, args.max_tokens), start=1):
+        rows.append((rank, m.prob, m.text))
+        width = max(width, len(repr(m.text)))
+        print(f"{rank:>4}  {m.prob:.6g}  {m.text!r}", flush=True)
+    t3 = time.perf_counter()
+    if not rows:
+        print("(no strings)")
+    print(f"{len(rows)} rows; model loaded in {t1 - t0:.1f}s, compiled in {(t2 - t1) * 1000:.0f}ms, "
+          f"searched in {t3 - t2:.1f}s", file=sys.stderr)
+    return 0
+
+
+def _explain(automaton) -> None:
+    lang = automaton.language
+    n = lang.num_strings
+    print(f"byte automaton: {lang.dfa.num_states} states, {lang.dfa.num_arcs} arcs")
+    print(f"strings: {'infinite' if n is None else f'{n:,}'}")
+    print(f"tokenization: prefix {automaton.prefix_tokenization}, completion {automaton.tokenization}")
+    print(f"vocabulary: {sum(t is not None for t in automaton.vocabulary.tokens):,} text tokens")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

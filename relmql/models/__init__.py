@@ -1,0 +1,41 @@
+"""Language models: the protocol, the transformers backend and the built-in models, by name."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Dict, Optional
+
+from ..errors import ModelError, closest
+from .base import LanguageModel, ModelState
+from .vocab import Vocabulary
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def _builtin() -> Dict[str, Callable[..., LanguageModel]]:
+    from .builtin import load_smollm2, load_tiny_gpt2
+    return {"smollm2-135m": load_smollm2, "tiny-gpt2": load_tiny_gpt2}
+
+
+BUILTIN_MODELS = ("smollm2-135m", "tiny-gpt2")
+
+
+def load_model(name: str = DEFAULT_MODEL, device: Optional[str] = None, dtype: Optional[str] = None) -> LanguageModel:
+    """A model by name: a built-in one, a local directory, or a Hugging Face hub id.
+
+    ``device``: cpu, cuda, cuda:N or auto (default); ``dtype``: float32, bfloat16, float16 or
+    auto (bfloat16 where the hardware runs it natively).
+    """
+    builtin = _builtin()
+    if name in builtin:
+        return builtin[name](device=device, dtype=dtype)
+    if os.path.isdir(name) or "/" in name:
+        from .hf import TransformersModel
+        return TransformersModel.from_pretrained(name, device=device, dtype=dtype)
+    near = closest(name, BUILTIN_MODELS)
+    raise ModelError(f"unknown model {name!r}" + (f"; did you mean {near!r}?" if near else ""),
+                     hint=f"built-in models: {', '.join(BUILTIN_MODELS)}; or give a local directory "
+                          "or a Hugging Face model id such as gpt2 written as openai-community/gpt2")
+
+
+__all__ = ["LanguageModel", "ModelState", "Vocabulary", "load_model", "BUILTIN_MODELS", "DEFAULT_MODEL"]

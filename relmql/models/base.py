@@ -1,0 +1,67 @@
+"""The language-model protocol every backend implements."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .vocab import Vocabulary
+
+
+@dataclass(eq=False)
+class ModelState:
+    """What a model has read: ``tokens`` (start-of-text token included), the log-probabilities
+    of the next token (``logprobs``, float32, one per token id) and a backend cache that lets
+    ``extend`` continue without reading ``tokens`` again (None once evicted)."""
+
+    tokens: Tuple[int, ...]
+    logprobs: torch.Tensor
+    cache: Any = field(default=None, repr=False)
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+class LanguageModel(abc.ABC):
+    """A causal language model over a ``Vocabulary``.
+
+    ``extend(states, tokens)`` reads, for each sequence, the given tokens after what its state
+    has read (a state of None starts a text: the start-of-text token is read first) and returns
+    the new states, batched into as few forward passes as the backend can. States are immutable:
+    extending a state leaves it usable for other continuations.
+    """
+
+    name: str
+    vocabulary: Vocabulary
+    device: torch.device
+
+    @property
+    def eos_id(self) -> int:
+        return self.vocabulary.eos_id
+
+    @property
+    def bos_id(self) -> int:
+        return self.vocabulary.bos_id
+
+    @abc.abstractmethod
+    def extend(self, states: Sequence[Optional[ModelState]], tokens: Sequence[Sequence[int]]) -> List[ModelState]:
+        """New states after reading ``tokens[i]`` on top of ``states[i]``."""
+
+    def start(self) -> ModelState:
+        """The state at the start of a text (after the start-of-text token)."""
+        return self.extend([None], [[]])[0]
+
+    def score(self, token_ids: Sequence[int], state: Optional[ModelState] = None) -> np.ndarray:
+        """The log-probability of each token of ``token_ids`` given everything before it."""
+        state = state or self.start()
+        out = np.empty(len(token_ids), np.float64)
+        for i, tok in enumerate(token_ids):
+            out[i] = float(state.logprobs[tok])
+            if i + 1 < len(token_ids):
+                state = self.extend([state], [[tok]])[0]
+        return out

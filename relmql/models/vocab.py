@@ -1,0 +1,169 @@
+"""The vocabulary of a model as exact byte strings, read from a Hugging Face tokenizer."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..errors import ModelError
+
+BYTE_LEVEL = "byte-level"      # GPT-2, SmolLM2, Llama-3: every token is a string of byte-level symbols
+SENTENCEPIECE = "sentencepiece"  # Llama-2 style: "▁" for space, "<0xNN>" byte-fallback tokens
+
+_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def bytes_to_unicode() -> Dict[int, str]:
+    """GPT-2's reversible map from bytes to printable unicode characters."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+_U2B = {u: b for b, u in bytes_to_unicode().items()}
+
+
+@dataclass
+class Vocabulary:
+    """Token ids ↔ the exact bytes each token stands for.
+
+    ``tokens[i]`` is the byte string of token ``i``, or None for special tokens (end of text,
+    chat markers) and ids the tokenizer does not define; such tokens never spell text.
+    ``prepend`` is what the tokenizer puts in front of every text before splitting it into
+    tokens (a space for SentencePiece-style tokenizers), so token sequences spell
+    ``prepend + text``.
+    """
+
+    tokens: List[Optional[bytes]]
+    kind: str
+    eos_id: Optional[int]
+    bos_id: Optional[int]
+    prepend: bytes = b""
+    tokenizer: Any = field(default=None, repr=False, compare=False)
+    spec: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __hash__(self) -> int:
+        return hash(self.fingerprint)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Vocabulary) and self.fingerprint == other.fingerprint
+
+    @property
+    def fingerprint(self) -> str:
+        """A stable hash of the vocabulary and tokenizer rules (for caches)."""
+        fp = self.__dict__.get("_fingerprint")
+        if fp is None:
+            h = hashlib.sha256()
+            h.update(self.kind.encode() + self.prepend)
+            for t in self.tokens:
+                h.update(b"\xff" if t is None else len(t).to_bytes(2, "little") + t)
+            h.update(json.dumps(self.spec.get("pre_tokenizer"), sort_keys=True).encode())
+            h.update(json.dumps(self.spec.get("normalizer"), sort_keys=True).encode())
+            fp = self.__dict__["_fingerprint"] = h.hexdigest()[:16]
+        return fp
+
+    def token_bytes(self, ids: Sequence[int]) -> bytes:
+        """The bytes a token sequence spells (special tokens contribute nothing)."""
+        return b"".join(self.tokens[i] or b"" for i in ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of a token sequence, without what the tokenizer prepends."""
+        data = self.token_bytes(ids)
+        if self.prepend and data.startswith(self.prepend):
+            data = data[len(self.prepend):]
+        return data.decode("utf-8", errors="replace")
+
+    def encode(self, text: str) -> List[int]:
+        """The tokenizer's own (canonical) tokenization of ``text``, without special tokens."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def describe(self, token_id: int) -> str:
+        t = self.tokens[token_id] if 0 <= token_id < len(self.tokens) else None
+        return f"{token_id}:{t!r}" if t is not None else f"{token_id}:<special>"
+
+
+def from_tokenizer(tokenizer, model_vocab_size: Optional[int] = None, eos_id: Optional[int] = None,
+                   bos_id: Optional[int] = None) -> Vocabulary:
+    """Read a ``Vocabulary`` from a transformers tokenizer backed by a ``tokenizers`` model.
+
+    Handles byte-level BPE (GPT-2 style) and SentencePiece-style vocabularies with ``▁`` for
+    space and ``<0xNN>`` byte-fallback tokens. ``model_vocab_size`` pads the table to the
+    model's logit width (ids past the tokenizer's vocabulary are never text).
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise ModelError(f"tokenizer {type(tokenizer).__name__} has no fast (tokenizers) backend; "
+                         "relmql needs it to read the exact bytes of every token")
+    spec = json.loads(backend.to_str())
+    model = spec["model"]
+    if model.get("type") not in ("BPE", "Unigram", "WordLevel"):
+        raise ModelError(f"unsupported tokenizer model type {model.get('type')!r} "
+                         "(relmql reads BPE and Unigram vocabularies)")
+    if model["type"] == "Unigram":
+        pieces = {p[0]: i for i, p in enumerate(model["vocab"])}
+    else:
+        pieces = dict(model["vocab"])
+    special = {a["id"] for a in spec.get("added_tokens", []) if a.get("special")}
+    added = {a["id"]: a["content"] for a in spec.get("added_tokens", []) if not a.get("special")}
+    kind = _kind(spec)
+    size = max([*pieces.values(), *special, *added, -1]) + 1
+    if model_vocab_size is not None:
+        size = max(size, model_vocab_size)
+    tokens: List[Optional[bytes]] = [None] * size
+    for piece, i in pieces.items():
+        if i in special:
+            continue
+        tokens[i] = _piece_bytes(piece, kind, model) or None  # an empty token spells nothing
+    for i, content in added.items():
+        tokens[i] = content.encode("utf-8") or None
+    prepend = b" " if kind == SENTENCEPIECE and _prepends_space(spec) else b""
+    if eos_id is None:
+        eos_id = tokenizer.eos_token_id
+    if bos_id is None:
+        bos_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos_id
+    return Vocabulary(tokens, kind, eos_id, bos_id, prepend, tokenizer, spec)
+
+
+def _kind(spec: dict) -> str:
+    text = json.dumps([spec.get("pre_tokenizer"), spec.get("decoder")])
+    if '"ByteLevel"' in text:
+        return BYTE_LEVEL
+    if "\u2581" in text or "Metaspace" in text or "ByteFallback" in text or spec["model"].get("byte_fallback"):
+        return SENTENCEPIECE
+    if spec["model"]["type"] == "Unigram":
+        return SENTENCEPIECE
+    raise ModelError("unsupported tokenizer: relmql reads byte-level BPE (GPT-2 style) and "
+                     "SentencePiece-style vocabularies")
+
+
+def _piece_bytes(piece: str, kind: str, model: dict) -> Optional[bytes]:
+    if kind == BYTE_LEVEL:
+        try:
+            return bytes(_U2B[c] for c in piece)
+        except KeyError:
+            return piece.encode("utf-8")
+    m = _BYTE_FALLBACK.match(piece)
+    if m and (model.get("byte_fallback") or model["type"] == "Unigram"):
+        return bytes([int(m.group(1), 16)])
+    return piece.replace("\u2581", " ").encode("utf-8")
+
+
+def _prepends_space(spec: dict) -> bool:
+    text = json.dumps([spec.get("normalizer"), spec.get("pre_tokenizer")])
+    if '"Prepend"' in text:
+        return True
+    if "Metaspace" in text:
+        return '"prepend_scheme": "never"' not in text and '"add_prefix_space": false' not in text
+    return False

@@ -1,0 +1,85 @@
+"""Shared fixtures: real tokenizers and models, loaded once per test session."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Dict, Iterable, List, Tuple
+
+import pytest
+
+from relmql.automata.language import LanguageSpec, compile_language
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    from relmql.models import load_model
+    return load_model("tiny-gpt2", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def gpt2_vocab(tiny):
+    return tiny.vocabulary
+
+
+@pytest.fixture(scope="session")
+def smol():
+    from relmql.models import load_model
+    return load_model("smollm2-135m", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def smol_vocab(smol):
+    return smol.vocabulary
+
+
+def language(matching: str, prefix=None, **kw):
+    return compile_language(LanguageSpec(matching, prefix, **kw))
+
+
+def strings(alphabet: Iterable[str], max_len: int) -> Iterable[str]:
+    alphabet = list(alphabet)
+    for n in range(max_len + 1):
+        for t in itertools.product(alphabet, repeat=n):
+            yield "".join(t)
+
+
+def segmentations(data: bytes, by_bytes: Dict[bytes, List[int]]) -> List[Tuple[int, ...]]:
+    """Every token sequence whose bytes are ``data`` (brute force over split points)."""
+    out: List[List[Tuple[int, ...]]] = [[] for _ in range(len(data) + 1)]
+    out[0] = [()]
+    for i in range(len(data)):
+        if not out[i]:
+            continue
+        for j in range(i + 1, len(data) + 1):
+            for tok in by_bytes.get(data[i:j], ()):
+                out[j].extend(seq + (tok,) for seq in out[i])
+    return out[len(data)]
+
+
+def token_index(vocab) -> Dict[bytes, List[int]]:
+    idx: Dict[bytes, List[int]] = {}
+    for i, t in enumerate(vocab.tokens):
+        if t is not None:
+            idx.setdefault(t, []).append(i)
+    return idx
+
+
+def enumerate_paths(automaton, limit: int = 200_000):
+    """Every accepted (tokens, n_prefix_tokens) of a finite token automaton, by depth-first search."""
+    out = []
+    stack = [(automaton.start, (), 0)]
+    while stack:
+        state, toks, npre = stack.pop()
+        if automaton.is_final(state):
+            out.append((toks, npre))
+            if len(out) > limit:
+                raise AssertionError("too many paths")
+        arcs = automaton.arcs(state)
+        for t, n, p in zip(arcs.tokens.tolist(), arcs.targets.tolist(), arcs.prefix.tolist()):
+            stack.append((n, toks + (t,), npre + p))
+    return out
+
+
+def fullmatch(pattern: str, s: str) -> bool:
+    return re.fullmatch(pattern, s) is not None

@@ -1,0 +1,155 @@
+"""Canonical token automata against the tokenizers themselves (GPT-2 and SmolLM2)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+
+import numpy as np
+import pytest
+
+from relmql.automata import CompileOptions, compile
+from relmql.automata.bpe import PairTable
+from relmql.models.vocab import bytes_to_unicode
+
+from conftest import enumerate_paths, segmentations, token_index
+
+CANON = CompileOptions()
+TRICKY = list("ab c.'\n0 ") + ["é", "東", "😀", "’", "\t", "\n\n", "'s", "'re", "'ll", "  ", "\u00a0", "\u2003",
+                               "\x1c", "\u1c89", "٣", "A", "ſ", "\r\n", "!?", "1"]
+VOCABS = ["gpt2_vocab", "smol_vocab"]
+
+
+def canonical_paths(pattern, vocab, prefix=None, options=CANON):
+    return enumerate_paths(compile(pattern, vocab, prefix, options))
+
+
+@pytest.mark.parametrize("vocab_name", VOCABS)
+def test_single_strings_have_exactly_their_encoding(request, vocab_name):
+    vocab = request.getfixturevalue(vocab_name)
+    rng = random.Random(3)
+    for _ in range(60):
+        s = "".join(rng.choice(TRICKY) for _ in range(rng.randint(1, 7)))
+        got = [toks for toks, _ in canonical_paths(re.escape(s), vocab)]
+        assert got == [tuple(vocab.encode(s))], repr(s)
+
+
+@pytest.mark.parametrize("vocab_name", VOCABS)
+@pytest.mark.parametrize("pieces", [
+    ["a", "b", " ", "\n", "'s", ".", "é"],
+    [" ", "  ", "\n", "x", "'", "1"],
+    ["the", " the", "re", "'re", " ", "\t"],
+])
+def test_finite_language_equals_the_set_of_encodings(request, vocab_name, pieces):
+    vocab = request.getfixturevalue(vocab_name)
+    pattern = "(" + "|".join(map(re.escape, pieces)) + "){0,3}"
+    texts = {"".join(t) for n in range(4) for t in itertools.product(pieces, repeat=n)}
+    got = [toks for toks, _ in canonical_paths(pattern, vocab)]
+    assert len(got) == len(set(got)) == len(texts)
+    assert set(got) == {tuple(vocab.encode(t)) for t in texts}
+
+
+def random_member(rng, pieces, max_n):
+    return "".join(rng.choice(pieces) for _ in range(rng.randint(1, max_n)))
+
+
+@pytest.mark.parametrize("vocab_name", VOCABS)
+def test_infinite_language_paths_and_members(request, vocab_name):
+    vocab = request.getfixturevalue(vocab_name)
+    pieces = ["a", "b", " ", "\n", "'s", ".", "é", "  ", "1"]
+    pattern = "(" + "|".join(map(re.escape, pieces)) + ")+"
+    ta = compile(pattern, vocab, None, CANON)
+    rng = random.Random(5)
+    # every sampled member's own encoding is accepted
+    for _ in range(150):
+        s = random_member(rng, pieces, 12)
+        assert ta.accepts(vocab.encode(s)), repr(s)
+    # and nothing else: random walks through the automaton are encodings of what they spell
+    nrng = np.random.default_rng(5)
+    checked = 0
+    for _ in range(150):
+        state, toks = ta.start, []
+        for _ in range(10):
+            arcs = ta.arcs(state)
+            assert len(arcs), f"dead end after {toks}"
+            k = nrng.integers(len(arcs))
+            state = int(arcs.targets[k])
+            toks.append(int(arcs.tokens[k]))
+            if ta.is_final(state):
+                checked += 1
+                assert vocab.encode(vocab.decode(toks)) == toks, toks
+    assert checked > 500
+
+
+@pytest.mark.parametrize("vocab_name", VOCABS)
+def test_non_encodings_are_rejected(request, vocab_name):
+    vocab = request.getfixturevalue(vocab_name)
+    ta = compile("[a-z .'\n]+", vocab, None, CANON)
+    idx = token_index(vocab)
+    for s in ["hello there", "it's a dog.\n\nok", "a  b", "the cat's"]:
+        for seg in segmentations(s.encode(), idx)[:400]:
+            assert ta.accepts(seg) == (list(seg) == vocab.encode(s)), (s, seg)
+
+
+def test_prefix_and_completion_are_tokenized_separately(gpt2_vocab):
+    idx = token_index(gpt2_vocab)
+    enc = gpt2_vocab.encode
+    prefix = "Hello,( world| there) ?"
+    pattern = prefix + "(there|x1|!)?"
+    splits = [(p, c) for p in ("Hello, world", "Hello, there", "Hello, world ", "Hello, there ")
+              for c in ("there", "x1", "!", "")]
+    splits = [(p, c) for p, c in splits if re.fullmatch(pattern, p + c)]
+
+    def check(options, make):
+        got = set(canonical_paths(pattern, gpt2_vocab, prefix, options))
+        want = set()
+        for p, c in splits:
+            # the longest prefix of p + c that PREFIX matches
+            p2 = max((p + c)[:i] for i in range(len(p + c) + 1) if re.fullmatch(prefix, (p + c)[:i]))
+            if p2 != p:
+                continue
+            for a in make(p, 0):
+                for b in make(c, 1):
+                    want.add((tuple(a) + tuple(b), len(a)))
+        assert got == want
+
+    canon = lambda t, _: [enc(t)]  # noqa: E731
+    every = lambda t, _: segmentations(t.encode(), idx)  # noqa: E731
+    check(CANON, canon)
+    check(CompileOptions(tokenization="all"), lambda t, r: canon(t, r) if r == 0 else every(t, r))
+    check(CompileOptions(prefix_tokenization="all"), lambda t, r: every(t, r) if r == 0 else canon(t, r))
+
+
+def test_prefix_with_trailing_space_keeps_its_own_encoding(gpt2_vocab):
+    got = canonical_paths("born on (May|June)", gpt2_vocab, "born on ")
+    enc = gpt2_vocab.encode
+    assert set(got) == {(tuple(enc("born on ") + enc(m)), len(enc("born on "))) for m in ("May", "June")}
+
+
+@pytest.mark.parametrize("vocab_name", VOCABS)
+def test_pair_table_matches_bpe_on_random_pairs(request, vocab_name):
+    vocab = request.getfixturevalue(vocab_name)
+    table = PairTable(vocab)
+    model = vocab.tokenizer.backend_tokenizer.model
+    b2u = bytes_to_unicode()
+    ids = [i for i, t in enumerate(vocab.tokens) if t is not None]
+    for i in ids[::97]:
+        assert ([t.id for t in model.tokenize("".join(b2u[b] for b in vocab.tokens[i]))] == [i]) == \
+            table.self_canonical[i]
+    rng = random.Random(11)
+    canon = [i for i in ids if table.self_canonical[i]]
+    short = [i for i in canon if len(vocab.tokens[i]) <= 2]
+    for _ in range(20_000):
+        a = rng.choice(canon if rng.random() < 0.5 else short)
+        b = rng.choice(canon if rng.random() < 0.5 else short)
+        bpe = [t.id for t in model.tokenize("".join(b2u[x] for x in vocab.tokens[a] + vocab.tokens[b]))]
+        assert (bpe == [a, b]) == (not table.forbidden_after(int(table.right_class[a]))[b]), (a, b)
+
+
+def test_edits_with_canonical_tokens(gpt2_vocab):
+    ta = compile("a b", gpt2_vocab, None, CompileOptions(edits=1))
+    got = enumerate_paths(ta)
+    texts = [gpt2_vocab.decode(t) for t, _ in got]
+    assert len(texts) == len(set(texts)) == 663
+    assert all(gpt2_vocab.encode(s) == list(t) for s, (t, _) in zip(texts, got))

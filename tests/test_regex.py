@@ -1,0 +1,157 @@
+"""The byte automaton of a pattern against Python's own ``re.fullmatch``."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from relmql.automata import regex as rx
+from relmql.automata.fsa import SPLIT_COL
+from relmql.errors import CompileError, RegexError
+
+from conftest import fullmatch, language, strings
+
+ALPHABET = ["a", "b", "0", "é", " ", "\n", "_", "B"]
+
+
+def accepts_all(dfa, texts):
+    """Vectorized membership of many strings (no prefix) in a ByteDFA."""
+    out = np.zeros(len(texts), bool)
+    encoded = [t.encode("utf-8") for t in texts]
+    by_len = {}
+    for i, b in enumerate(encoded):
+        by_len.setdefault(len(b), []).append(i)
+    q0 = dfa.delta[0, SPLIT_COL]
+    for n, idx in by_len.items():
+        arr = np.frombuffer(b"".join(encoded[i] for i in idx), np.uint8).reshape(len(idx), n)
+        s = np.full(len(idx), q0, np.int64)
+        for j in range(n):
+            s = dfa.delta[s, arr[:, j]]
+        out[idx] = dfa.final[s] >= 0
+    return out
+
+
+def check(pattern, texts):
+    dfa = language(pattern).dfa
+    got = accepts_all(dfa, texts)
+    want = np.array([fullmatch(pattern, t) for t in texts])
+    bad = [t for t, g, w in zip(texts, got, want) if g != w]
+    assert not bad, f"{pattern!r}: disagrees with re.fullmatch on {bad[:5]!r}"
+
+
+SMALL = list(strings(ALPHABET, 4))
+
+
+# the cases where outlines-core truncates the language (a shorter match shadows a longer one)
+@pytest.mark.parametrize("pattern", [
+    "a|ab", "ab|a", "a|aa|aaa", "(a|ab)*", "20|2022", "2022|20", "a+?", "a{1,3}?", "(a|b)*?b",
+    "a{1,3}", "(?:a|ab)(?:c|bcd)?", "a??b", "(a*)*", "(a|)+", "",
+])
+def test_prefix_shadowing_exhaustive(pattern):
+    check(pattern, list(strings("ab02", 5)))
+
+
+@pytest.mark.parametrize("pattern", [
+    r"\d", r"\w", r"\s", r"\D", r"\W", r"\S", ".", "(?s).", "[^a]", "[^\\w\\d]", r"(?a)\w", r"(?a)[^\s]",
+    "[é-ü]", "[\\u0100-\\U00010400]", r"\N{EM DASH}", "(?i)[k]", "(?i)s", "(?i)[^a-z]", "(?i)é",
+])
+def test_character_classes_on_every_code_point(pattern):
+    texts = [chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF]
+    check(pattern, texts)
+
+
+def test_surrogates_are_not_strings():
+    assert language("a|[\\ud800-\\udfff]").num_strings == 1
+
+
+ATOMS = ["a", "b", "0", "é", " ", ".", r"\d", r"\w", r"\s", r"\D", r"\W", "[ab]", "[^a]", "[a-c0]", r"[^\w]",
+         r"\.", r"\x61", "[é-ê]", "(?:)", r"\u00e9", "[_B]", r"\n", "[\\s0]"]
+QUANT = ["*", "+", "?", "*?", "+?", "??", "{2}", "{0,2}", "{1,}", "{,2}", "{1,3}?", "{0}", "{2,2}"]
+
+
+def regexes():
+    return st.recursive(
+        st.sampled_from(ATOMS),
+        lambda inner: st.one_of(
+            st.tuples(inner, inner).map("".join),
+            st.tuples(inner, inner).map(lambda t: f"{t[0]}|{t[1]}"),
+            inner.map(lambda x: f"({x})"),
+            st.tuples(inner, st.sampled_from(QUANT)).map(lambda t: f"(?:{t[0]}){t[1]}"),
+            st.tuples(st.text("ab", min_size=1, max_size=3), inner).map(lambda t: f"(?P<{t[0]}x>{t[1]})"),
+        ),
+        max_leaves=7,
+    )
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(regexes(), st.sampled_from(["", "(?i)", "(?s)", "(?a)", "(?x)"]))
+def test_random_regexes_match_re(pattern, flags):
+    pattern = flags + pattern
+    try:
+        re.compile(pattern)
+    except re.error:
+        return  # e.g. a duplicate group name: Python rejects it, and so does relmql (tested below)
+    check(pattern, SMALL)
+
+
+@pytest.mark.parametrize("pattern,message,span", [
+    ("a(b", "missing ), unterminated subpattern", (1, 2)),
+    ("a[", "unterminated character set", (1, 2)),
+    ("a**", "multiple repeat", (2, 3)),
+    (r"(a)\1", "back-references", (3, 5)),
+    ("(?P<x>a)(?P=x)", "back-references", (8, 14)),
+    ("a(?=b)", "look-ahead", (1, 6)),
+    ("a(?!b)", "look-ahead", (1, 6)),
+    ("(?<=a)b", "look-behind", (0, 6)),
+    (r"a\bc", "word boundaries", (1, 3)),
+    (r"a\B", "word boundaries", (1, 3)),
+    ("a^b", "not at the start", (1, 2)),
+    ("a$b", "not at the end", (1, 2)),
+    (r"a\Ab", "not at the start", (1, 3)),
+    ("(^a)*", "not at the start", (1, 2)),
+    ("a*+", "possessive", (1, 3)),
+    ("(?>a)", "atomic", (0, 5)),
+    ("(a)(?(1)b|c)", "conditional", (3, 12)),
+    (r"\q", "bad escape", (0, 1)),
+])
+def test_regex_errors_point_inside_the_pattern(pattern, message, span):
+    with pytest.raises(RegexError) as info:
+        rx.parse(pattern)
+    err = info.value
+    assert message in err.message
+    assert err.span == span
+    rendered = err.render()
+    assert pattern in rendered
+    caret = rendered.splitlines()[2]
+    assert caret.index("^") - 2 == span[0]
+
+
+def test_anchors_at_the_edges_are_allowed():
+    for pattern in ["^ab$", r"\Aab\Z", "(^a|^b)c$", "(?:^)a", "^(a|b)$"]:
+        core = re.sub(r"\^|\$|\\A|\\Z", "", pattern)
+        check(pattern, list(strings("abc", 3)))
+        assert language(pattern).num_strings == language(core).num_strings
+
+
+def test_empty_language_is_an_error():
+    with pytest.raises(CompileError, match="matches no string"):
+        language("[^\\x00-\\U0010FFFF]")
+
+
+def test_too_large_automaton_is_an_error_with_a_span():
+    with pytest.raises(CompileError) as info:
+        language("ab(c{1000}){1000}", max_states=10_000)
+    assert info.value.span is not None
+    assert "states" in info.value.message
+    with pytest.raises(CompileError, match="more than"):
+        language("(a|b)*a(a|b){16}", max_states=5_000)  # determinization blows up
+
+
+def test_verbose_flag_and_comments():
+    check("(?x) a b # comment\n | c", list(strings("abc ", 3)))
+    check("a(?#comment)b*", list(strings("ab", 4)))

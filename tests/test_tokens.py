@@ -1,0 +1,124 @@
+"""All-tokenization automata against brute-force segmentation over real vocabularies."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import numpy as np
+import pytest
+
+from relmql.automata import CompileOptions, compile
+from relmql.errors import CompileError
+
+from conftest import enumerate_paths, segmentations, token_index
+
+ALL = CompileOptions(tokenization="all", prefix_tokenization="all")
+
+
+def all_paths(pattern, vocab, prefix=None, options=ALL):
+    return enumerate_paths(compile(pattern, vocab, prefix, options))
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("the", {(1169,), (83, 258), (400, 68), (83, 71, 68)}),
+    ("The", {(464,), (51, 258), (817, 68), (51, 71, 68)}),
+    ("THE", {(10970,), (4221, 36), (51, 13909), (51, 39, 36)}),
+    ("π", {(139, 222), (46582,)}), ("θ", {(138, 116)}), ("э", {(141, 235)}),
+    ("’", {(158, 222, 247), (447, 247)}), ("–", {(158, 222, 241), (447, 241), (1906,)}),
+    ("®", {(126, 106), (7461,)}), ("©", {(126, 102), (16224,)}), ("¶", {(126, 114), (26604,)}),
+    ("·", {(126, 115), (9129,)}), ("´", {(126, 112), (18265,)}), ("‘", {(158, 222, 246), (447, 246)}),
+    ("”", {(158, 222, 251), (447, 251)}), ("я", {(141, 237), (40623,)}), ("東", {(162, 251, 109), (30266, 109)}),
+])
+def test_gpt2_tokenizations_of_words(gpt2_vocab, text, expected):
+    got = {toks for toks, _ in all_paths(re.escape(text), gpt2_vocab)}
+    assert got == expected
+
+
+def test_the_man_has_32_tokenizations(gpt2_vocab):
+    got = {toks for toks, _ in all_paths("The man", gpt2_vocab)}
+    assert len(got) == 32
+    assert got == set(segmentations(b"The man", token_index(gpt2_vocab)))
+
+
+@pytest.mark.parametrize("vocab_name", ["gpt2_vocab", "smol_vocab"])
+def test_random_strings_match_brute_force(request, vocab_name):
+    vocab = request.getfixturevalue(vocab_name)
+    idx = token_index(vocab)
+    rng = random.Random(7)
+    alphabet = list("ab c.'\n0") + ["é", "東", "😀", "’", "\t", "ſ"]
+    for _ in range(40):
+        s = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6)))
+        got = sorted(toks for toks, _ in all_paths(re.escape(s), vocab))
+        assert got == sorted(segmentations(s.encode(), idx)), repr(s)
+
+
+def test_finite_language_with_prefix(gpt2_vocab):
+    idx = token_index(gpt2_vocab)
+    prefix = "The (man|woman) was"
+    got = all_paths(prefix + " (born|here)", gpt2_vocab, prefix)
+    want = set()
+    for p in ("The man was", "The woman was"):
+        for c in (" born", " here"):
+            for a in segmentations(p.encode(), idx):
+                for b in segmentations(c.encode(), idx):
+                    want.add((a + b, len(a)))
+    assert set(got) == want  # tokens never cross the prefix boundary; prefix tokens are flagged
+    assert len(got) == len(want)
+
+
+def test_infinite_language_random_walks_spell_members(gpt2_vocab):
+    pattern = r"https://www\.([a-zA-Z0-9]|_|-|#|%)+\.([a-zA-Z0-9]|_|-|#|%|/)+"
+    ta = compile(pattern, gpt2_vocab, r"https://www\.", ALL)
+    rng = np.random.default_rng(0)
+    finals = 0
+    for _ in range(100):
+        state, toks = ta.start, []
+        for _ in range(30):
+            arcs = ta.arcs(state)
+            k = rng.integers(len(arcs))
+            state = int(arcs.targets[k])
+            toks.append(int(arcs.tokens[k]))
+            text = gpt2_vocab.decode(toks)
+            if ta.is_final(state):
+                finals += 1
+                assert re.fullmatch(pattern, text), text
+            else:
+                # a prefix of some member
+                assert "https://www.".startswith(text) or re.fullmatch(
+                    r"https://www\.[a-zA-Z0-9_#%-]*(\.[a-zA-Z0-9_#%/-]*)?", text), text
+    assert finals > 20
+
+
+def test_eager_build_equals_lazy_arcs(gpt2_vocab):
+    pattern = "My phone number is ([0-9]{3}) ([0-9]{3}) ([0-9]{4})"
+    lazy = compile(pattern, gpt2_vocab, None, ALL)
+    eager = compile(pattern, gpt2_vocab, None, CompileOptions(tokenization="all", prefix_tokenization="all",
+                                                              max_states=99_999))
+    stats = eager.build_eager()
+    assert stats.states > 30 and stats.arcs > 1000
+    for q in range(eager.dfa.num_states):
+        a, b = lazy.arcs(q), eager.arcs(q)
+        assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.targets, b.targets)
+
+
+def test_smollm2_missing_bytes_are_reported(smol_vocab):
+    ta = compile("x[\\x04\\x05]", smol_vocab, None, ALL)
+    assert any("0x04" in w and "1 strings" in w for w in ta.warnings)
+    got = {toks for toks, _ in enumerate_paths(ta)}
+    assert {smol_vocab.decode(t) for t in got} == {"x\x05"}
+    with pytest.raises(CompileError, match="0x04"):
+        compile("\\x04+", smol_vocab, None, ALL)
+    with pytest.raises(CompileError, match="0xF5|0xF1"):
+        compile("[\\U00040000-\\U00040010]", smol_vocab, None, ALL)
+
+
+def test_count_paths(gpt2_vocab):
+    ta = compile("(a|b) c", gpt2_vocab, "a|b", ALL)
+    idx = token_index(gpt2_vocab)
+    assert ta.count_paths(ta.start, 10, prefix_only=True) == 2
+    total = sum(len(segmentations(s.encode(), idx)) for s in ("a", "b")) * len(segmentations(b" c", idx))
+    assert ta.count_paths(ta.start, 10) == total
+    ta = compile("a+", gpt2_vocab, None, ALL)
+    runs = sum(1 for t in gpt2_vocab.tokens if t and set(t) == {ord("a")})
+    assert ta.count_paths(ta.start, 3) == runs + runs ** 2 + runs ** 3
