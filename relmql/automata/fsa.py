@@ -127,7 +127,13 @@ def regex_fst(pattern: rx.Pattern, max_states: int) -> pynini.Fst:
         raise CompileError(f"this pattern needs an automaton of about {est:,} states, more than the limit "
                            f"of {max_states:,}", culprit.span, pattern.source,
                            hint="lower the repetition counts, or raise the limit (max_states)")
-    return _build(pattern.root, max_states, pattern.source)
+    root = pattern.root
+    while isinstance(root, rx.Group):
+        root = root.item
+    fst = _build(root, max_states, pattern.source)
+    if isinstance(root, (rx.Seq,)):  # the other nodes come out optimized
+        fst = optimize(fst, max_states)
+    return fst
 
 
 def _build(node: rx.Node, max_states: int, source: str) -> pynini.Fst:
@@ -155,7 +161,10 @@ def _build(node: rx.Node, max_states: int, source: str) -> pynini.Fst:
 def optimize(fst: pynini.Fst, max_states: int, span=None, source: Optional[str] = None) -> pynini.Fst:
     """Remove epsilons, determinize and minimize an unweighted acceptor, within ``max_states``."""
     fst = fst.rmepsilon()
-    det = pynini.determinize(fst, nstate=max_states + 1)
+    if fst.properties(pynini.I_DETERMINISTIC, True) == pynini.I_DETERMINISTIC:
+        det = fst  # e.g. bounded repetitions of a character class
+    else:
+        det = pynini.determinize(fst, nstate=max_states + 1)
     if det.num_states() > max_states:
         raise CompileError(f"the automaton has more than {max_states:,} states", span, source,
                            hint="simplify the pattern, or raise the limit (max_states)")
@@ -215,7 +224,7 @@ def split_language(matching: pynini.Fst, prefix: Optional[pynini.Fst], max_state
     split_arc.set_final(1)
     split_arc.add_arc(0, pynini.Arc(SPLIT, SPLIT, _ONE, 1))
     if prefix is None:
-        return optimize(split_arc.concat(matching), max_states)
+        return split_arc.concat(matching).rmepsilon()  # deterministic and minimal already
     with_split = optimize(apply(matching, insert_split_transducer()), max_states)
     shape = prefix.copy().concat(split_arc).concat(sigma_star())
     return optimize(intersect(optimize(shape, max_states), with_split), max_states)
@@ -373,30 +382,40 @@ def to_dfa(fst: pynini.Fst) -> ByteDFA:
     order = [start] + [s for s in range(n) if s != start]
     new_id = np.empty(n, np.int64)
     new_id[order] = np.arange(n)
-    # one text dump; every line is "src dst ilabel olabel" once finals are arcs to a super-final
-    superfinal = fst.add_state()
-    zero = pynini.Weight.zero("tropical")
-    for s in range(n):
-        if fst.final(s) != zero:
-            fst.add_arc(s, pynini.Arc(TAG - 1, TAG - 1, _ONE, superfinal))
-            fst.set_final(s, zero)
-    fst.set_final(superfinal)
+    # one text dump in which every line is "src dst ilabel olabel": concatenating an acceptor of
+    # one arc turns each final state into the source of an epsilon arc
+    end = _new(2)
+    end.set_final(1)
+    end.add_arc(0, pynini.Arc(TAG - 1, TAG - 1, _ONE, 1))
+    fst.concat(end)
     nums = np.fromstring(fst.print(), dtype=np.int64, sep=" ")  # noqa: NPY - text mode is supported
     arcs = nums[:-1].reshape(-1, 4)
     src, dst, ilab = arcs[:, 0], arcs[:, 1], arcs[:, 2]
+    eps = (ilab == EPS) & (src < n)
+    ilab = np.where(eps, TAG - 1, ilab)
     dead = n
     delta = np.full((n + 1, NBYTES + 1), dead, dtype=np.int32)
     final = np.full(n + 1, -1, dtype=np.int8)
     byte_arcs = (ilab >= 1) & (ilab <= SPLIT)
     delta[new_id[src[byte_arcs]], ilab[byte_arcs] - 1] = new_id[dst[byte_arcs]]
-    plain_final = ilab == TAG - 1
-    tagged = ilab >= TAG
+    plain_final = eps
+    tagged = (ilab >= TAG) & (src < n)
     if tagged.any():
         # a tagged acceptor: state s is final with tag j when it has an arc TAG+j
         final[new_id[src[tagged]]] = (ilab[tagged] - TAG).astype(np.int8)
     else:
         final[new_id[src[plain_final]]] = 0
     return _trim(ByteDFA(delta, final))
+
+
+def prepend_split(dfa: ByteDFA) -> ByteDFA:
+    """SPLIT followed by the language of a ByteDFA without splits (an empty prefix)."""
+    n = dfa.num_states
+    delta = np.full((n + 2, NBYTES + 1), n + 1, np.int32)
+    delta[1:n + 1] = np.where(dfa.delta[:n] == dfa.dead, n + 1, dfa.delta[:n] + 1)
+    delta[0, SPLIT_COL] = 1
+    final = np.concatenate([[np.int8(-1)], dfa.final[:n], [np.int8(-1)]])
+    return ByteDFA(delta, final)
 
 
 def _trim(dfa: ByteDFA) -> ByteDFA:

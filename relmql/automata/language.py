@@ -68,7 +68,7 @@ def _pattern_fst(pattern: str, role: str, max_states: int) -> pynini.Fst:
     except Error as e:
         e.role = role
         raise
-    if fst.num_states() == 0 or fsa.optimize(fst, max_states).num_states() == 0:
+    if fst.num_states() == 0 or fst.copy().connect().num_states() == 0:
         raise _role(CompileError(f"{role} matches no string", (0, len(pattern)), pattern), role)
     return fst
 
@@ -88,6 +88,8 @@ def compile_language(spec: LanguageSpec) -> Language:
     limit = spec.max_states
     matching = _pattern_fst(spec.matching, "MATCHING", limit)
     prefix = _pattern_fst(spec.prefix, "PREFIX", limit) if spec.prefix else None
+    if prefix is None and not spec.edits and not spec.exclude:
+        return Language(spec, fsa.prepend_split(fsa.to_dfa(matching)))  # the common, quick case
     lang = fsa.split_language(matching, prefix, limit)
     if lang.num_states() == 0:
         raise _role(CompileError("no string of MATCHING starts with a string of PREFIX",

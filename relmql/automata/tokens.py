@@ -84,8 +84,11 @@ class TokenAutomaton:
         self.tracker = self.pairs = None
         if any(self.canonical):
             from .pretokenize import rules_for, tracker_for
-            self.pairs = _pair_table(vocabulary)
-            self.tracker = tracker_for(rules_for(vocabulary))
+            try:
+                self.pairs = _pair_table(vocabulary)
+                self.tracker = tracker_for(rules_for(vocabulary))
+            except ModelError as e:
+                raise CompileError(e.message, hint="use tokenization all (every tokenization of each string)") from None
             self.bt = 40 - self.bq if self.bq < 40 else 8
         self.start = self._pack(0, self._fresh(0), 0)
         self._dfa_cache: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}

