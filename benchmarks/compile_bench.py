@@ -153,6 +153,36 @@ def table(rows: list) -> str:
     return "\n".join(lines)
 
 
+def reading(rows: list) -> str:
+    """A factual summary of ``rows``: worst ratios and the cases that miss a target."""
+    ok = [r for r in rows if "error" not in r["outlines-core"] and "error" not in r["relmql"]]
+    ratios = [(r["relmql"]["seconds"] / r["outlines-core"]["seconds"], r) for r in ok]
+    lines = []
+    if ratios:
+        worst, wr = max(ratios, key=lambda x: x[0])
+        best, br = min(ratios, key=lambda x: x[0])
+        missed = [f"{r['vocab']} `{r['regex']}` ({x:.2f})" for x, r in ratios if x > 1.0]
+        lines.append(f"- Eager build time ratio: from {best:.2f} ({br['vocab']} `{br['regex']}`) to {worst:.2f} "
+                     f"({wr['vocab']} `{wr['regex']}`); "
+                     + ("every case meets the target of 1.0." if not missed else f"missed on {', '.join(missed)}."))
+    errors = [f"{r['vocab']} `{r['regex']}` {t}: {r[t]['error']}" for r in rows for t in r
+              if isinstance(r[t], dict) and "error" in r[t]]
+    if errors:
+        lines.append("- Failures: " + "; ".join(errors) + ".")
+    for tool, label in (("relmql-first", "all tokenizations"), ("relmql-first-canonical", "canonical")):
+        firsts = [(r[tool]["seconds"] * 1000, r) for r in rows if "error" not in r[tool]]
+        if firsts:
+            slow = [f"{r['vocab']} `{r['regex']}` ({ms:.0f} ms)" for ms, r in firsts if ms > 50]
+            lines.append(f"- Lazy first state ({label}): at most {max(m for m, _ in firsts):.0f} ms; "
+                         + ("every case meets the 50 ms target." if not slow else f"over 50 ms on {', '.join(slow)}."))
+    mem = [(r["relmql"]["peak_mb"], r["outlines-core"]["peak_mb"], r) for r in ok]
+    if mem:
+        big = max(mem, key=lambda x: x[0])
+        lines.append(f"- Peak memory of the eager build: at most {big[0]:.0f} MB for relmql ({big[2]['vocab']} "
+                     f"`{big[2]['regex']}`; outlines-core {big[1]:.0f} MB there).")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--worker", nargs=3, metavar=("TOOL", "VOCAB", "REGEX"))

@@ -54,7 +54,8 @@ def main():
     text = (text.replace("{{date}}", datetime.date.today().isoformat())
                 .replace("{{machine}}", machine())
                 .replace("{{versions}}", versions())
-                .replace("{{compile_table}}", compile_bench.table(rows)))
+                .replace("{{compile_table}}", compile_bench.table(rows))
+                .replace("{{compile_reading}}", compile_bench.reading(rows)))
     out = HERE.parent / "docs" / "benchmarks.md"
     out.write_text(text)
     print(f"wrote {out}")

@@ -154,15 +154,24 @@ def _build(node: rx.Node, max_states: int, source: str) -> pynini.Fst:
             return epsilon_fst()  # pynini reads an upper bound of 0 as "unbounded"
         item = optimize(_build(node.item, max_states, source), max_states, node.span, source)
         rep = item.closure(node.min) if node.max is None else item.closure(node.min, node.max)
-        return optimize(rep, max_states, node.span, source)
+        # a bounded run of one character class is a chain of copies: already minimal
+        chain = isinstance(node.item, rx.Chars) and node.max is not None
+        return optimize(rep, max_states, node.span, source, minimal=chain)
     raise AssertionError(node)  # pragma: no cover
 
 
-def optimize(fst: pynini.Fst, max_states: int, span=None, source: Optional[str] = None) -> pynini.Fst:
-    """Remove epsilons, determinize and minimize an unweighted acceptor, within ``max_states``."""
+def optimize(fst: pynini.Fst, max_states: int, span=None, source: Optional[str] = None,
+             minimal: bool = False) -> pynini.Fst:
+    """Remove epsilons, determinize and minimize an unweighted acceptor, within ``max_states``
+    (``minimal``: the caller knows that a deterministic result is minimal already)."""
     fst = fst.rmepsilon()
     if fst.properties(pynini.I_DETERMINISTIC, True) == pynini.I_DETERMINISTIC:
         det = fst  # e.g. bounded repetitions of a character class
+        if minimal:
+            if det.num_states() > max_states:
+                raise CompileError(f"the automaton has more than {max_states:,} states", span, source,
+                                   hint="simplify the pattern, or raise the limit (max_states)")
+            return det
     else:
         det = pynini.determinize(fst, nstate=max_states + 1)
     if det.num_states() > max_states:
@@ -444,38 +453,63 @@ def _trim(dfa: ByteDFA) -> ByteDFA:
 # ---------------------------------------------------------------- counting
 
 
+def format_count(n: int) -> str:
+    """``n`` with thousands separators, or as a power of ten when it is huge."""
+    if n < 10 ** 15:
+        return f"{n:,}"
+    digits = str(n)
+    return f"about {digits[0]}.{digits[1:3]}e{len(digits) - 1}"
+
+
+def _edges(dfa: ByteDFA):
+    """Distinct (source, target, number of labels) of a ByteDFA's arcs."""
+    n = dfa.num_states
+    d = dfa.delta[:n].astype(np.int64)
+    src = np.repeat(np.arange(n), d.shape[1])
+    tgt = d.ravel()
+    keep = tgt != dfa.dead
+    keys, mult = np.unique(src[keep] * (n + 1) + tgt[keep], return_counts=True)
+    return keys // (n + 1), keys % (n + 1), mult
+
+
 def count_strings(dfa: ByteDFA) -> Optional[int]:
     """The number of strings (split strings) in the language, or None when it is infinite."""
     n = dfa.num_states
     if n == 0:
         return 0
-    order = topological_order(dfa)
+    src, tgt, mult = _edges(dfa)
+    order = _topological(n, src, tgt)
     if order is None:
         return None
-    counts = [0] * (n + 1)
+    counts = [0] * n
+    bounds = np.searchsorted(src, np.arange(n + 1))
+    tl, ml = tgt.tolist(), mult.tolist()
+    final = (dfa.final[:n] >= 0).tolist()
     for s in reversed(order):
-        total = 1 if dfa.final[s] >= 0 else 0
-        for t in np.unique(dfa.delta[s]):
-            if t != dfa.dead:
-                total += counts[t] * int((dfa.delta[s] == t).sum())
+        total = int(final[s])
+        for k in range(bounds[s], bounds[s + 1]):
+            total += ml[k] * counts[tl[k]]
         counts[s] = total
     return counts[0]
 
 
 def topological_order(dfa: ByteDFA) -> Optional[List[int]]:
     """States in topological order, or None when the (trimmed) automaton has a cycle."""
-    n = dfa.num_states
-    succ = [set(int(t) for t in np.unique(dfa.delta[s]) if t != dfa.dead) for s in range(n)]
-    indeg = [0] * n
-    for s in range(n):
-        for t in succ[s]:
-            indeg[t] += 1
+    src, tgt, _ = _edges(dfa)
+    return _topological(dfa.num_states, src, tgt)
+
+
+def _topological(n: int, src: np.ndarray, tgt: np.ndarray) -> Optional[List[int]]:
+    indeg = np.bincount(tgt, minlength=n).tolist()
+    bounds = np.searchsorted(src, np.arange(n + 1)).tolist()
+    tl = tgt.tolist()
     stack = [s for s in range(n) if indeg[s] == 0]
     order = []
     while stack:
         s = stack.pop()
         order.append(s)
-        for t in succ[s]:
+        for k in range(bounds[s], bounds[s + 1]):
+            t = tl[k]
             indeg[t] -= 1
             if indeg[t] == 0:
                 stack.append(t)

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import CompileError, ModelError
 from ..models.vocab import Vocabulary
-from .fsa import SPLIT_COL, ByteDFA, count_strings
+from .fsa import SPLIT_COL, ByteDFA, count_strings, format_count
 from .language import Language
 from .trie import VocabTrie, trie_for
 
@@ -222,12 +222,14 @@ class TokenAutomaton:
         toks, tq, end = toks[keep], tq[keep], end[keep]
         lam2 = pairs.right_class[toks]
         if len(toks):
-            pairs_qt = tq * (1 << 40) + end
+            pairs_qt = tq.astype(np.int64) * (1 << 40) + end
             uniq, inv = np.unique(pairs_qt, return_inverse=True)
             keep = np.ones(len(toks), bool)
+            by_group = np.argsort(inv, kind="stable")
+            bounds = np.searchsorted(inv[by_group], np.arange(len(uniq) + 1))
             for u, key in enumerate(uniq.tolist()):
                 q2, t2 = key >> 40, key & ((1 << 40) - 1)
-                members = np.flatnonzero(inv == u)
+                members = by_group[bounds[u]:bounds[u + 1]]
                 if not self._live(q2, t2, region):
                     keep[members] = False
                     continue
@@ -372,7 +374,7 @@ class TokenAutomaton:
         kept = _trim(ByteDFA(delta, dfa.final.copy()))
         shown = ", ".join(f"0x{b:02X}" for b in used[:8])
         total, left = count_strings(dfa), count_strings(kept)
-        lost = "some" if total is None else f"{total - (left or 0):,}"
+        lost = "some" if total is None or left is None else format_count(total - left)
         msg = (f"{lost} strings of this query cannot be produced by this model: its vocabulary has no "
                f"token containing byte(s) {shown}")
         if kept.is_empty():

@@ -153,10 +153,11 @@ class VocabTrie:
             ends = self.walk_dense(delta, starts[part])
             for row, i in enumerate(part):
                 t = np.flatnonzero(ends[row] != dead)
-                toks[i], tgts[i] = t.astype(np.int32), ends[row, t].astype(np.int64)
+                toks[i], tgts[i] = t.astype(np.int32), ends[row, t].astype(np.int32)
         idx = np.flatnonzero(~dense)
         if len(idx):
             which, tk, tg = self.walk(lambda s, b: delta[s, b], dead, starts[idx])
+            tg = tg.astype(np.int32)
             order = np.lexsort((tk, which))
             which, tk, tg = which[order], tk[order], tg[order]
             b = np.searchsorted(which, np.arange(len(idx) + 1))
@@ -165,7 +166,7 @@ class VocabTrie:
         bounds = np.zeros(len(starts) + 1, np.int64)
         bounds[1:] = np.cumsum([len(t) for t in toks])
         if not len(starts):
-            return bounds, np.empty(0, np.int32), np.empty(0, np.int64)
+            return bounds, np.empty(0, np.int32), np.empty(0, np.int32)
         return bounds, np.concatenate(toks), np.concatenate(tgts)
 
 
