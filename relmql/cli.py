@@ -34,15 +34,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--matching", required=True, metavar="REGEX",
                    help="the strings to find, the prefix included (Python re syntax)")
     p.add_argument("--prefix", metavar="REGEX", help="the given part of each string (not pruned by --topk)")
-    p.add_argument("--limit", type=int, default=10, help="how many strings to return (default: 10)")
-    p.add_argument("--topk", type=int, help="only strings whose every completion token is among the k most probable")
+    p.add_argument("--limit", type=_positive, default=10, help="how many strings to return (default: 10)")
+    p.add_argument("--topk", type=_positive, help="only strings whose every completion token is among the k most probable")
     p.add_argument("--tokenization", choices=TOKENIZATIONS, default="canonical")
     p.add_argument("--prefix-tokenization", choices=TOKENIZATIONS, default="canonical")
-    p.add_argument("--edits", type=int, default=0, help="allow up to N character edits")
+    p.add_argument("--edits", type=_natural, default=0, help="allow up to N character edits")
     p.add_argument("--edit-scope", choices=EDIT_SCOPES, default="all")
-    p.add_argument("--max-tokens", type=int, default=64, help="longest token sequence to consider")
+    p.add_argument("--max-tokens", type=_positive, default=64, help="longest token sequence to consider")
     p.add_argument("--explain", action="store_true", help="describe the compiled automaton instead of running")
     return p
+
+
+def _natural(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _natural(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -96,10 +113,10 @@ def _run(args) -> int:
 
 
 def _explain(automaton) -> None:
+    from .automata.fsa import format_count
     lang = automaton.language
-    n = lang.num_strings
     print(f"byte automaton: {lang.dfa.num_states} states, {lang.dfa.num_arcs} arcs")
-    print(f"strings: {'infinite' if n is None else f'{n:,}'}")
+    print(f"strings: {format_count(automaton.num_strings)}")
     print(f"tokenization: prefix {automaton.prefix_tokenization}, completion {automaton.tokenization}")
     print(f"vocabulary: {sum(t is not None for t in automaton.vocabulary.tokens):,} text tokens")
 

@@ -170,3 +170,9 @@ def test_excluding_everything_is_an_error():
 def test_bad_edit_options():
     with pytest.raises(CompileError, match="edit scope"):
         language("a", edits=1, edit_scope="middle")
+
+
+def test_edit_counts_beyond_127_are_kept():
+    lang = language("", edits=40, edit_alphabet="a")
+    assert lang.num_strings == 41
+    assert sorted(t for _, _, t in members(lang.dfa)) == list(range(41))

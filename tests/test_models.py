@@ -147,5 +147,43 @@ def test_sentencepiece_all_tokenizations_spell_the_text(sentencepiece_tokenizer)
     got = enumerate_paths(compile("the (cat|dog)", vocab, "the", options))
     assert {vocab.decode(t) for t, _ in got} == {"the cat", "the dog"}
     assert all(vocab.token_bytes(t[:n]) == b" the" for t, n in got)
-    with pytest.raises((CompileError, ModelError), match="canonical"):
+    # without a prefix the prefix's tokenization does not matter; with one, canonical is refused
+    got = {t for t, _ in enumerate_paths(compile("the cat", vocab, None, CompileOptions(tokenization="all")))}
+    assert got == set(segmentations(b" the cat", idx))
+    with pytest.raises(CompileError, match="canonical"):
+        compile("the cat", vocab, "the", CompileOptions(tokenization="all"))
+    with pytest.raises(CompileError, match="canonical"):
         compile("the cat", vocab, None, CompileOptions())
+
+
+def test_sentencepiece_prepend_with_an_optional_prefix(sentencepiece_tokenizer):
+    vocab = from_tokenizer(sentencepiece_tokenizer)
+    idx = token_index(vocab)
+    options = CompileOptions(tokenization="all", prefix_tokenization="all")
+    got = set(enumerate_paths(compile("(?:the )?cat", vocab, "(?:the )?", options)))
+    want = {(t, 0) for t in segmentations(b" cat", idx)}
+    want |= {(a + b, len(a)) for a in segmentations(b" the ", idx) for b in segmentations(b"cat", idx)}
+    assert got == want
+
+
+def test_duplicate_merges_keep_their_last_rank():
+    from transformers import GPT2TokenizerFast
+    from relmql.models.vocab import bytes_to_unicode
+    chars = list(bytes_to_unicode().values())
+    vocab = {c: i for i, c in enumerate(chars)}
+    vocab.update({"ab": len(vocab), "bc": len(vocab) + 1})
+    tok = GPT2TokenizerFast(vocab=vocab, merges=[("b", "c"), ("a", "b"), ("b", "c")])
+    v = from_tokenizer(tok)
+    for text in ["abc", "bcab", "abcbc"]:
+        got = [t for t, _ in enumerate_paths(compile(re.escape(text), v, None, CompileOptions()))]
+        assert got == [tuple(tok.encode(text))]
+
+
+def test_fingerprint_covers_the_merges():
+    from transformers import GPT2TokenizerFast
+    from relmql.models.vocab import bytes_to_unicode
+    vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())}
+    vocab.update({"ab": len(vocab), "bc": len(vocab) + 1})
+    a = from_tokenizer(GPT2TokenizerFast(vocab=vocab, merges=[("a", "b"), ("b", "c")]))
+    b = from_tokenizer(GPT2TokenizerFast(vocab=vocab, merges=[("b", "c"), ("a", "b")]))
+    assert a.tokens == b.tokens and a.fingerprint != b.fingerprint

@@ -155,3 +155,30 @@ def test_too_large_automaton_is_an_error_with_a_span():
 def test_verbose_flag_and_comments():
     check("(?x) a b # comment\n | c", list(strings("abc ", 3)))
     check("a(?#comment)b*", list(strings("ab", 4)))
+
+
+def test_scoped_ascii_and_unicode_flags_switch_each_other_off():
+    check(r"(?a)(?u:\w)", [chr(c) for c in range(0x200)])
+    check(r"(?u)(?a:\w)", [chr(c) for c in range(0x200)])
+
+
+def test_deep_nesting_is_a_clean_error():
+    pattern = "(" * 400 + "a" + ")" * 400
+    try:
+        re.compile(pattern)
+    except (re.error, RecursionError):
+        return
+    with pytest.raises(RegexError, match="nested too deeply"):
+        rx.parse(pattern)
+
+
+def test_case_insensitive_check_does_not_leak_warnings():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        language("(?i)[[a]")
+
+
+@pytest.mark.parametrize("pattern", [r"\w{36}", r"[^\W\d_]{1,40}", "x" * 17_000])
+def test_size_estimate_is_close_to_the_real_size(pattern):
+    assert language(pattern).dfa.num_states < 100_000

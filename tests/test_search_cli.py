@@ -89,3 +89,18 @@ def test_cli_unknown_model(capsys):
 def test_console_script_version():
     out = subprocess.run([sys.executable, "-m", "relmql.cli", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("relmql ")
+
+
+@pytest.mark.parametrize("flag", ["--topk", "--limit", "--max-tokens"])
+@pytest.mark.parametrize("value", ["0", "-1", "x"])
+def test_cli_rejects_bad_numbers(capsys, flag, value):
+    with pytest.raises(SystemExit) as info:
+        main(["--model", "tiny-gpt2", "--matching", "a", flag, value])
+    assert info.value.code == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_cli_explain_with_a_huge_language(capsys):
+    assert main(["--model", "tiny-gpt2", "--matching", ".{0,2000}", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "strings: about" in out

@@ -122,3 +122,32 @@ def test_count_paths(gpt2_vocab):
     ta = compile("a+", gpt2_vocab, None, ALL)
     runs = sum(1 for t in gpt2_vocab.tokens if t and set(t) == {ord("a")})
     assert ta.count_paths(ta.start, 3) == runs + runs ** 2 + runs ** 3
+
+
+def test_huge_counts_do_not_crash_the_warning(smol_vocab):
+    ta = compile("[^\\n]{0,800}", smol_vocab, None, ALL)
+    assert any("cannot be produced" in w and "e" in w.split()[1] for w in ta.warnings)
+
+
+def test_count_paths_is_not_recursive(gpt2_vocab):
+    ta = compile("a*", gpt2_vocab, None, ALL)
+    assert ta.count_paths(ta.start, 1500) > 10 ** 100
+
+
+@pytest.mark.parametrize("options,match", [
+    (CompileOptions(edits=1.5), "whole number"), (CompileOptions(edits=100), "whole number"),
+    (CompileOptions(edit_alphabet="\ud800"), "UTF-8"), (CompileOptions(tokenization="some"), "tokenization"),
+    (CompileOptions(edit_scope="middle"), "edit scope"), (CompileOptions(max_states=0), "max_states"),
+])
+def test_bad_options_are_compile_errors(gpt2_vocab, options, match):
+    with pytest.raises(CompileError, match=match):
+        compile("ab", gpt2_vocab, None, options)
+
+
+def test_exclusions_accept_a_list_or_one_pattern(gpt2_vocab):
+    as_list = compile("ab|a|b|c", gpt2_vocab, None, CompileOptions(exclude=["b", "c"]))
+    one = compile("ab|a|b|c", gpt2_vocab, None, CompileOptions(exclude="ab"))
+    assert {gpt2_vocab.decode(t) for t, _ in enumerate_paths(as_list)} == {"ab", "a"}
+    assert {gpt2_vocab.decode(t) for t, _ in enumerate_paths(one)} == {"a", "b", "c"}
+    with pytest.raises(CompileError, match="MATCHING"):
+        compile(None, gpt2_vocab)

@@ -41,16 +41,16 @@ class PairTable:
             raise ModelError("canonical tokenization needs a byte-level BPE tokenizer")
         if model.get("dropout") or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
             raise ModelError("canonical tokenization does not support BPE dropout or subword affixes")
-        self.ignore_merges = bool(model.get("ignore_merges"))
+        if model.get("ignore_merges"):
+            raise ModelError("canonical tokenization does not support BPE with ignore_merges")
         piece_id: Dict[str, int] = dict(model["vocab"])
-        self.vocab = vocab
         n = len(vocab.tokens)
         self.merges: Dict[Tuple[int, int], Tuple[int, int]] = {}
         for rank, m in enumerate(model["merges"]):
             a, b = m.split(" ", 1) if isinstance(m, str) else m
             ia, ib, iab = piece_id.get(a), piece_id.get(b), piece_id.get(a + b)
-            if ia is not None and ib is not None and iab is not None and (ia, ib) not in self.merges:
-                self.merges[ia, ib] = (rank, iab)
+            if ia is not None and ib is not None and iab is not None:
+                self.merges[ia, ib] = (rank, iab)  # a repeated merge keeps its last rank, as tokenizers does
         b2u = bytes_to_unicode()
         self.unit = np.array([piece_id.get(b2u[b], -1) for b in range(256)], np.int64)
         self.self_canonical = np.zeros(n, bool)
@@ -85,7 +85,6 @@ class PairTable:
         for (ia, ib), (rank, _) in self.merges.items():
             by_left.setdefault(ia, []).append((rank, ib))
         self.by_left = {k: sorted(v) for k, v in by_left.items()}
-        self.num_tokens = n
 
     def encode_chunk(self, data: bytes) -> Tuple[List[int], Chain, Chain]:
         """BPE of one chunk's bytes, with the chains of tokens covering its first and last byte."""
@@ -125,8 +124,6 @@ class PairTable:
             if j == last_pos:
                 last_pos = i
                 rchain.append((new, rank))
-            elif i == last_pos:  # pragma: no cover - i is never last when j exists
-                pass
             if prev[i] >= 0:
                 m = self.merges.get((syms[prev[i]], new))
                 if m:
@@ -139,7 +136,8 @@ class PairTable:
         return ids, _chain(lchain), _chain(rchain)
 
     def pair_ok(self, right_class: int, b: int) -> bool:
-        """Whether BPE can put token ``b`` right after a token of ``right_class`` (one pair)."""
+        """Whether BPE can put token ``b`` right after a token of ``right_class``: the test of
+        ``forbidden_after`` for one pair, without building the whole mask."""
         if not self.self_canonical[b]:
             return False
         for x, born_x, absorbed_x in self.class_chain[right_class]:
@@ -149,7 +147,7 @@ class PairTable:
                     return False
         return True
 
-    @functools.lru_cache(maxsize=4096)
+    @functools.lru_cache(maxsize=512)
     def forbidden_after(self, right_class: int) -> np.ndarray:
         """Boolean mask of the tokens that BPE never puts right after a token of this class
         (within one chunk). Tokens that are not BPE's own encoding of their bytes are included."""

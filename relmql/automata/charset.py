@@ -91,6 +91,8 @@ class CodepointSet:
 
     def encodable(self) -> "CodepointSet":
         """Without the surrogates, which have no UTF-8 encoding."""
+        if not any(lo <= SURROGATES[1] and hi >= SURROGATES[0] for lo, hi in self.ranges):
+            return self
         return self.difference(CodepointSet([SURROGATES]))
 
     def codepoints(self) -> Iterator[int]:

@@ -9,6 +9,8 @@ of a final state until it is moved into ``ByteDFA.final``.
 from __future__ import annotations
 
 import functools
+import math
+import struct
 from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence
 
@@ -52,12 +54,22 @@ def empty_fst() -> pynini.Fst:
     return _new()
 
 
-def string_fst(data: bytes) -> pynini.Fst:
+def bytes_fst(data: bytes) -> pynini.Fst:
+    """The one string ``data``."""
     f = _new(len(data) + 1)
     for k, b in enumerate(data):
         f.add_arc(k, pynini.Arc(lab(b), lab(b), _ONE, k + 1))
     f.set_final(len(data))
     return f
+
+
+def concat_all(parts) -> pynini.Fst:
+    """The concatenation of ``parts``, joined pairwise so that long sequences stay fast."""
+    parts = list(parts) or [epsilon_fst()]
+    while len(parts) > 1:
+        parts = [parts[i].concat(parts[i + 1]) if i + 1 < len(parts) else parts[i]
+                 for i in range(0, len(parts), 2)]
+    return parts[0]
 
 
 def sigma_star() -> pynini.Fst:
@@ -93,17 +105,24 @@ def chars_fst(chars: CodepointSet) -> pynini.Fst:
 
 
 def estimate_states(node: rx.Node) -> int:
-    """An upper estimate of the acceptor's size, checked before anything is built."""
+    """An estimate of the automaton's size, checked before anything is built."""
+    return _growth(node) + 1
+
+
+def _growth(node: rx.Node) -> int:
+    """How many states a node adds when chained after another."""
     if isinstance(node, rx.Chars):
-        return 4 * len(node.chars.ranges) + 2
-    if isinstance(node, (rx.Seq, rx.Alt)):
-        return sum(estimate_states(n) for n in node.items) + 1
+        return _chars_fst_cached(node.chars.ranges).num_states() - 1 if node.chars else 0
+    if isinstance(node, rx.Seq):
+        return sum(_growth(n) for n in node.items)
+    if isinstance(node, rx.Alt):
+        return sum(_growth(n) for n in node.items) + 1
     if isinstance(node, rx.Group):
-        return estimate_states(node.item)
+        return _growth(node.item)
     if isinstance(node, rx.Repeat):
         copies = node.max if node.max is not None else node.min + 1
-        return estimate_states(node.item) * max(1, copies) + 1
-    return 1
+        return _growth(node.item) * max(1, copies) + 1
+    return 0
 
 
 def _largest_repeat(node: rx.Node, limit: int) -> rx.Node:
@@ -132,7 +151,7 @@ def regex_fst(pattern: rx.Pattern, max_states: int) -> pynini.Fst:
         root = root.item
     fst = _build(root, max_states, pattern.source)
     if isinstance(root, (rx.Seq,)):  # the other nodes come out optimized
-        fst = optimize(fst, max_states)
+        fst = optimize(fst, max_states, root.span, pattern.source)
     return fst
 
 
@@ -140,10 +159,18 @@ def _build(node: rx.Node, max_states: int, source: str) -> pynini.Fst:
     if isinstance(node, rx.Chars):
         return chars_fst(node.chars) if node.chars else empty_fst()
     if isinstance(node, rx.Seq):
-        out = epsilon_fst()
-        for item in node.items:
-            out.concat(_build(item, max_states, source))
-        return out
+        parts, run = [], []
+        for item in node.items:  # runs of literal characters become one chain
+            if isinstance(item, rx.Chars) and len(item.chars.ranges) == 1 and item.chars.ranges[0][0] == item.chars.ranges[0][1]:
+                run.append(chr(item.chars.ranges[0][0]))
+                continue
+            if run:
+                parts.append(bytes_fst("".join(run).encode("utf-8")))
+                run = []
+            parts.append(_build(item, max_states, source))
+        if run:
+            parts.append(bytes_fst("".join(run).encode("utf-8")))
+        return concat_all(parts)
     if isinstance(node, rx.Alt):
         return optimize(pynini.union(*[_build(n, max_states, source) for n in node.items]), max_states,
                         node.span, source)
@@ -350,7 +377,7 @@ class ByteDFA:
 
     @property
     def dead(self) -> int:
-        return self.delta.shape[0] - 1
+        return self.num_states  # the last row
 
     @property
     def num_arcs(self) -> int:
@@ -380,41 +407,76 @@ class ByteDFA:
         return False
 
 
+_FST_MAGIC = 2125659606
+
+
+def _fst_arrays(fst: pynini.Fst):
+    """(start, final?, src, ilabel, dst) of an acceptor, read from OpenFST's binary vector format
+    (one vectorized pass; the text format is the fallback)."""
+    data = fst.write_to_string()
+    try:
+        o = 0
+        magic, = struct.unpack_from("<i", data, o)
+        o += 4
+        kinds = []
+        for _ in range(2):
+            n, = struct.unpack_from("<i", data, o)
+            kinds.append(data[o + 4:o + 4 + n])
+            o += 4 + n
+        _, flags = struct.unpack_from("<ii", data, o)
+        o += 8
+        _, start, nstates, _ = struct.unpack_from("<Qqqq", data, o)
+        o += 32
+        if magic != _FST_MAGIC or kinds != [b"vector", b"standard"] or flags & 3:
+            raise ValueError("unexpected FST format")
+        final = np.zeros(nstates, bool)
+        offsets = np.empty(nstates, np.int64)
+        counts = np.empty(nstates, np.int64)
+        for st in range(nstates):
+            w, n = struct.unpack_from("<fq", data, o)
+            final[st] = w != math.inf
+            offsets[st], counts[st] = o + 12, n
+            o += 12 + 16 * n
+        # arc records (ilabel, olabel, weight, nextstate) all start at the same offset modulo 4
+        shift = int(offsets[0]) % 4 if nstates else 0
+        words = np.frombuffer(data, np.int32, count=(len(data) - shift) // 4, offset=shift)
+        first = (np.repeat(offsets, counts) - shift) // 4
+        first += 4 * (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts))
+        src = np.repeat(np.arange(nstates), counts)
+        return int(start), final, src, words[first].astype(np.int64), words[first + 3].astype(np.int64)
+    except (struct.error, ValueError):  # pragma: no cover - a different OpenFST build
+        return _fst_arrays_text(fst)
+
+
+def _fst_arrays_text(fst: pynini.Fst):
+    n = fst.num_states()
+    final = np.array([fst.final(s) != pynini.Weight.zero("tropical") for s in range(n)], bool)
+    rows = [(s, a.ilabel, a.nextstate) for s in range(n) for a in fst.arcs(s)]
+    arr = np.array(rows, np.int64).reshape(-1, 3)
+    return fst.start(), final, arr[:, 0], arr[:, 1], arr[:, 2]
+
+
 def to_dfa(fst: pynini.Fst) -> ByteDFA:
     """Convert an optimized acceptor (labels: bytes, SPLIT, TAG+j) into a ``ByteDFA``."""
-    fst = fst.copy().connect()
     n = fst.num_states()
-    if n == 0:
-        return ByteDFA(np.zeros((1, NBYTES + 1), np.int32), np.full(1, -1, np.int8))
-    # renumber so the start is state 0 (connect keeps the start but not always at 0)
-    start = fst.start()
-    order = [start] + [s for s in range(n) if s != start]
-    new_id = np.empty(n, np.int64)
-    new_id[order] = np.arange(n)
-    # one text dump in which every line is "src dst ilabel olabel": concatenating an acceptor of
-    # one arc turns each final state into the source of an epsilon arc
-    end = _new(2)
-    end.set_final(1)
-    end.add_arc(0, pynini.Arc(TAG - 1, TAG - 1, _ONE, 1))
-    fst.concat(end)
-    nums = np.fromstring(fst.print(), dtype=np.int64, sep=" ")  # noqa: NPY - text mode is supported
-    arcs = nums[:-1].reshape(-1, 4)
-    src, dst, ilab = arcs[:, 0], arcs[:, 1], arcs[:, 2]
-    eps = (ilab == EPS) & (src < n)
-    ilab = np.where(eps, TAG - 1, ilab)
+    if n == 0 or fst.start() < 0:
+        return ByteDFA(np.zeros((1, NBYTES + 1), np.int32), np.full(1, -1, np.int16))
+    start, is_final, src, ilab, dst = _fst_arrays(fst)
+    # renumber so that the start is state 0
+    new_id = np.arange(n)
+    new_id[[0, start]] = [start, 0]
     dead = n
     delta = np.full((n + 1, NBYTES + 1), dead, dtype=np.int32)
-    final = np.full(n + 1, -1, dtype=np.int8)
+    final = np.full(n + 1, -1, dtype=np.int16)
     byte_arcs = (ilab >= 1) & (ilab <= SPLIT)
     delta[new_id[src[byte_arcs]], ilab[byte_arcs] - 1] = new_id[dst[byte_arcs]]
-    plain_final = eps
-    tagged = (ilab >= TAG) & (src < n)
+    tagged = ilab >= TAG
     if tagged.any():
         # a tagged acceptor: state s is final with tag j when it has an arc TAG+j
-        final[new_id[src[tagged]]] = (ilab[tagged] - TAG).astype(np.int8)
+        final[new_id[src[tagged]]] = (ilab[tagged] - TAG).astype(np.int16)
     else:
-        final[new_id[src[plain_final]]] = 0
-    return _trim(ByteDFA(delta, final))
+        final[new_id[np.flatnonzero(is_final)]] = 0
+    return trim(ByteDFA(delta, final))
 
 
 def prepend_split(dfa: ByteDFA) -> ByteDFA:
@@ -423,42 +485,56 @@ def prepend_split(dfa: ByteDFA) -> ByteDFA:
     delta = np.full((n + 2, NBYTES + 1), n + 1, np.int32)
     delta[1:n + 1] = np.where(dfa.delta[:n] == dfa.dead, n + 1, dfa.delta[:n] + 1)
     delta[0, SPLIT_COL] = 1
-    final = np.concatenate([[np.int8(-1)], dfa.final[:n], [np.int8(-1)]])
+    final = np.concatenate([[np.int16(-1)], dfa.final[:n], [np.int16(-1)]])
     return ByteDFA(delta, final)
 
 
-def _trim(dfa: ByteDFA) -> ByteDFA:
-    """Drop states that cannot reach a final state (tag arcs may have left some)."""
+def trim(dfa: ByteDFA) -> ByteDFA:
+    """Drop the states that cannot reach a final state."""
     n = dfa.num_states
-    live = dfa.final[:n] >= 0
-    while True:
-        succ_live = np.zeros(n + 1, bool)
-        succ_live[:n] = live
-        grown = live | succ_live[dfa.delta[:n]].any(axis=1)
-        if (grown == live).all():
-            break
-        live = grown
+    # depth-first from the final states along reversed arcs
+    src, tgt, _ = _edges(dfa)
+    order = np.argsort(tgt, kind="stable")
+    rsrc = src[order].tolist()
+    bounds = np.searchsorted(tgt[order], np.arange(n + 1)).tolist()
+    live = (dfa.final[:n] >= 0).tolist()
+    stack = [s for s in range(n) if live[s]]
+    while stack:
+        t = stack.pop()
+        for k in range(bounds[t], bounds[t + 1]):
+            s = rsrc[k]
+            if not live[s]:
+                live[s] = True
+                stack.append(s)
+    live = np.array(live, bool)
     if live.all():
         return dfa
     keep = np.flatnonzero(live)
     if len(keep) == 0 or not live[0]:
-        return ByteDFA(np.zeros((1, NBYTES + 1), np.int32), np.full(1, -1, np.int8))
+        return ByteDFA(np.zeros((1, NBYTES + 1), np.int32), np.full(1, -1, np.int16))
     remap = np.full(n + 1, len(keep), np.int32)
     remap[keep] = np.arange(len(keep), dtype=np.int32)
     delta = np.vstack([remap[dfa.delta[keep]], np.full((1, NBYTES + 1), len(keep), np.int32)])
-    final = np.append(dfa.final[keep], np.int8(-1))
+    final = np.append(dfa.final[keep], np.int16(-1))
     return ByteDFA(delta, final)
 
 
 # ---------------------------------------------------------------- counting
 
 
-def format_count(n: int) -> str:
-    """``n`` with thousands separators, or as a power of ten when it is huge."""
+def format_count(n: Optional[int]) -> str:
+    """``n`` with thousands separators, as a power of ten when it is huge, or "infinite"."""
+    if n is None:
+        return "infinite"
     if n < 10 ** 15:
         return f"{n:,}"
-    digits = str(n)
-    return f"about {digits[0]}.{digits[1:3]}e{len(digits) - 1}"
+    exp = int(n.bit_length() * math.log10(2))  # decimal digits without str(), which refuses huge ints
+    while n >= 10 ** (exp + 1):
+        exp += 1
+    while n < 10 ** exp:
+        exp -= 1
+    lead = n // 10 ** (exp - 2)
+    return f"about {lead // 100}.{lead % 100:02d}e{exp}"
 
 
 def _edges(dfa: ByteDFA):
@@ -491,12 +567,6 @@ def count_strings(dfa: ByteDFA) -> Optional[int]:
             total += ml[k] * counts[tl[k]]
         counts[s] = total
     return counts[0]
-
-
-def topological_order(dfa: ByteDFA) -> Optional[List[int]]:
-    """States in topological order, or None when the (trimmed) automaton has a cycle."""
-    src, tgt, _ = _edges(dfa)
-    return _topological(dfa.num_states, src, tgt)
 
 
 def _topological(n: int, src: np.ndarray, tgt: np.ndarray) -> Optional[List[int]]:

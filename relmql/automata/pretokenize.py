@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
@@ -381,8 +382,9 @@ class Tracker:
     ``REJECT`` (-1) is the dead state.
     """
 
+    MAX_STATES = 1 << 24  # tracker ids must fit the bits tokens.py packs them into
+
     def __init__(self, rules: ChunkRules):
-        self.rules = rules
         self.chunker = _Chunker(rules)
         self._build_reader(rules.classes)
         self.cores: List[Core] = []
@@ -390,7 +392,9 @@ class Tracker:
         self.nevents = len(rules.classes) + 2  # classes, TB_OK, TB_BAD
         self.TB_OK, self.TB_BAD = len(rules.classes), len(rules.classes) + 1
         self.table = np.full((64, self.nevents), _UNKNOWN, np.int64)
-        self.walks: Dict[Tuple[str, int], np.ndarray] = {}  # (vocabulary, state) -> state after each token
+        # (vocabulary, state) -> tracker state after each token: a bounded LRU
+        self.walks: "OrderedDict[Tuple[str, int], np.ndarray]" = OrderedDict()
+        self.max_walks = 256
         self.end_ok = np.zeros(64, np.int8)  # 0 unknown, 1 yes, 2 no
         self.start = self._intern(self.chunker.fresh()) * self.nreader + self.reader_start
 
@@ -429,6 +433,8 @@ class Tracker:
     def _intern(self, core: Core) -> int:
         cid = self.core_ids.get(core)
         if cid is None:
+            if (len(self.cores) + 1) * self.nreader >= self.MAX_STATES:
+                raise ModelError("the tokenizer's pre-tokenizer needs more states than relmql supports")
             cid = self.core_ids[core] = len(self.cores)
             self.cores.append(core)
             if cid >= len(self.table):
@@ -494,11 +500,17 @@ class Tracker:
             self.end_ok[core] = 1 if self.chunker.end(self.cores[core]) else 2
         return self.end_ok[core] == 1
 
-    def walk_bytes(self, state: int, data: bytes) -> int:
-        s = np.array([state], np.int64)
-        for b in data:
-            s = self.step(s, np.array([b]))
-        return int(s[0])
+    def walk(self, key: Tuple[str, int], compute) -> np.ndarray:
+        """The cached result of ``compute()`` for ``key`` (least recently used dropped first)."""
+        got = self.walks.get(key)
+        if got is None:
+            got = compute()
+            self.walks[key] = got
+            if len(self.walks) > self.max_walks:
+                self.walks.popitem(last=False)
+        else:
+            self.walks.move_to_end(key)
+        return got
 
 
 @functools.lru_cache(maxsize=8)

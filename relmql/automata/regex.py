@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 from ..errors import RegexError, Span
 from .charset import ALL, NEWLINE, CodepointSet, category
 
-MAXREPEAT = None  # unbounded
+MAXREPEAT = None  # an unbounded repetition
 
 
 # ---------------------------------------------------------------- AST
@@ -112,6 +112,8 @@ def parse(pattern: str) -> Pattern:
         root = parser.parse()
     except RegexError:
         raise
+    except RecursionError:
+        raise RegexError("this pattern is nested too deeply", (0, len(pattern)), pattern) from None
     except Exception as e:  # pragma: no cover - a construct re accepts that the port does not
         raise RegexError(f"relmql cannot read this pattern ({type(e).__name__})", (0, len(pattern)),
                          pattern) from None
@@ -302,15 +304,15 @@ class _Parser:
                         c = self.get()
                 if c == ")":  # global flags
                     self.flags |= add
-                    self._check_flags(self.flags, start)
                     return None
                 capture = False
         index = 0
         if capture:
             self.group_count += 1
             index = self.group_count
+        if add & (FLAG_A | FLAG_U):  # as CPython: turning on one of a/u turns off the other
+            flags &= ~(FLAG_A | FLAG_U)
         inner = (flags | add) & ~delete
-        self._check_flags(inner, start)
         item = self.parse_alt(inner, nested + 1)
         self.match(")")
         if capture or add or delete:
@@ -338,10 +340,6 @@ class _Parser:
             if c is None or (c == "]" and not first):
                 return
             first = False
-
-    def _check_flags(self, flags: int, pos: int):
-        if flags & FLAG_A and flags & FLAG_U:  # pragma: no cover - re rejects this
-            self.unsupported("flags 'a' and 'u' are incompatible", pos)
 
     def literal(self, cp: int, span: Span, flags: int) -> Chars:
         chars = CodepointSet.of(cp)
@@ -452,7 +450,9 @@ def _ignorecase(atom_source: str, chars: CodepointSet, flags: int) -> CodepointS
     """``chars`` as matched by ``atom_source`` under re.IGNORECASE, decided by ``re`` itself for
     every code point that has a case mapping (all others match exactly as without the flag)."""
     letters = "".join(_FLAG_LETTERS[f] for f in (FLAG_I, FLAG_S, FLAG_A) if flags & f)
-    oracle = re.compile(f"(?{letters}:{atom_source})")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        oracle = re.compile(f"(?{letters}:{atom_source})")
     cased = _cased()
     keep = chars.difference(cased)
     extra = [c for c in cased.codepoints() if not (0xD800 <= c <= 0xDFFF) and oracle.fullmatch(chr(c))]
@@ -465,6 +465,16 @@ def _ignorecase(atom_source: str, chars: CodepointSet, flags: int) -> CodepointS
 def strip_anchors(node: Node, source: str) -> Node:
     """Replace anchors at the very start or end by nothing; any other anchor is an error."""
     return _strip(node, True, True, source)
+
+
+def _has_anchor(node: Node) -> bool:
+    if isinstance(node, Anchor):
+        return True
+    if isinstance(node, (Seq, Alt)):
+        return any(_has_anchor(n) for n in node.items)
+    if isinstance(node, (Group, Repeat)):
+        return _has_anchor(node.item)
+    return False
 
 
 def _zero_width(node: Node) -> bool:
@@ -484,12 +494,17 @@ def _strip(node: Node, at_start: bool, at_end: bool, source: str) -> Node:
         return Seq(node.span, ())
     if isinstance(node, Seq):
         items = node.items
-        out = []
-        for k, item in enumerate(items):
-            s = at_start and all(_zero_width(n) for n in items[:k])
-            e = at_end and all(_zero_width(n) for n in items[k + 1:])
-            out.append(_strip(item, s, e, source))
-        return Seq(node.span, tuple(out))
+        if not any(_has_anchor(n) for n in items):
+            return node
+        zero = [_zero_width(n) for n in items]
+        before = [True] * (len(items) + 1)  # before[k]: items[:k] are all zero-width
+        for k, z in enumerate(zero):
+            before[k + 1] = before[k] and z
+        after = [True] * (len(items) + 1)  # after[k]: items[k:] are all zero-width
+        for k in range(len(items) - 1, -1, -1):
+            after[k] = after[k + 1] and zero[k]
+        return Seq(node.span, tuple(_strip(item, at_start and before[k], at_end and after[k + 1], source)
+                                    for k, item in enumerate(items)))
     if isinstance(node, Alt):
         return Alt(node.span, tuple(_strip(n, at_start, at_end, source) for n in node.items))
     if isinstance(node, Group):

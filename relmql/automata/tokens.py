@@ -17,18 +17,20 @@ tokens when the prefix may end there; ``Arcs.prefix`` tells which tokens belong 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from ..errors import CompileError, ModelError
 from ..models.vocab import Vocabulary
-from .fsa import SPLIT_COL, ByteDFA, count_strings, format_count
+from .fsa import SPLIT_COL, ByteDFA, count_strings, format_count, trim
 from .language import Language
 from .trie import VocabTrie, trie_for
 
 TOKENIZATIONS = ("canonical", "all")
+CACHE_ENTRIES = 20_000_000  # transitions kept per automaton (about 160 MB)
 
 
 @dataclass
@@ -77,23 +79,27 @@ class TokenAutomaton:
         self.delta = self.dfa.delta
         self.dead = self.dfa.dead
         self.phase = _phases(self.dfa)
-        self.canonical = (prefix_tokenization == "canonical", tokenization == "canonical")
-        nq = self.dfa.num_states + 1
-        self.bq = max(1, int(nq).bit_length())
+        # without a prefix, the prefix region is empty and its tokenization does not matter
+        self.canonical = (prefix_tokenization == "canonical" and language.has_prefix, tokenization == "canonical")
+        self.bq = max(1, int(self.dfa.num_states + 1).bit_length())
         self.bt = 0
         self.tracker = self.pairs = None
         if any(self.canonical):
-            from .pretokenize import rules_for, tracker_for
+            from .pretokenize import Tracker, rules_for, tracker_for
             try:
                 self.pairs = _pair_table(vocabulary)
                 self.tracker = tracker_for(rules_for(vocabulary))
             except ModelError as e:
                 raise CompileError(e.message, hint="use tokenization all (every tokenization of each string)") from None
-            self.bt = 40 - self.bq if self.bq < 40 else 8
+            self.bt = Tracker.MAX_STATES.bit_length()
+            if self.bq + self.bt + len(self.pairs.class_chain).bit_length() > 63:
+                raise CompileError(f"the automaton is too large for canonical tokenization "
+                                   f"({self.dfa.num_states:,} byte states)", hint="use tokenization all")
         self.start = self._pack(0, self._fresh(0), 0)
-        self._dfa_cache: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
+        self._dfa_cache = _Lru(CACHE_ENTRIES)
+        self._arcs_cache = _Lru(CACHE_ENTRIES)
         self._live_cache: Dict[tuple, object] = {}
-        self._arcs_cache: Dict[int, Arcs] = {}
+        self._counts: Dict[Tuple[int, int, bool], int] = {}
 
     # -- packing
     def _pack(self, q, tau, lam):
@@ -111,12 +117,14 @@ class TokenAutomaton:
         return self.tracker.start if self.canonical[region] else 0
 
     # -- queries
-    def dfa_state(self, state: int) -> int:
-        return self.unpack(state)[0]
+    @functools.cached_property
+    def num_strings(self) -> Optional[int]:
+        """How many strings this model can produce (None: infinitely many)."""
+        return count_strings(self.dfa)
 
     def in_prefix(self, state: int) -> bool:
         """Whether the text so far is still (a prefix of) the prefix."""
-        return self.phase[self.dfa_state(state)] == 0
+        return self.phase[self.unpack(state)[0]] == 0
 
     def final_edits(self, state: int) -> int:
         """-1 if the text may not end here, else the edit count of the text."""
@@ -157,18 +165,8 @@ class TokenAutomaton:
             toks, tgts = self._region_arcs(q, tau, lam, 1)
             parts.append((toks, tgts, np.zeros(len(toks), bool)))
         arcs = Arcs(*(np.concatenate(x) for x in zip(*parts)))
-        if len(self._arcs_cache) > 100_000:
-            self._arcs_cache.clear()
-        self._arcs_cache[state] = arcs
+        self._arcs_cache.put(state, arcs, len(arcs))
         return arcs
-
-    def next_state(self, state: int, token: int) -> Optional[Tuple[int, bool]]:
-        """(target, is_prefix_token) of ``token`` from ``state``, or None (first match)."""
-        arcs = self.arcs(state)
-        hit = np.flatnonzero(arcs.tokens == token)
-        if not len(hit):
-            return None
-        return int(arcs.targets[hit[0]]), bool(arcs.prefix[hit[0]])
 
     def accepts(self, tokens, prefix_len: Optional[int] = None) -> bool:
         """Whether a token sequence is in the automaton (with the first ``prefix_len`` tokens
@@ -191,20 +189,19 @@ class TokenAutomaton:
         got = self._dfa_cache.get(q)
         if got is None:
             _, toks, tgts = self.trie.walk_dfa(self.delta, [q])
-            got = self._dfa_cache[q] = (toks, tgts)
+            got = (toks, tgts)
+            self._dfa_cache.put(q, got, len(toks))
         return got
 
     def _tracker_walk(self, tau: int) -> np.ndarray:
         """The tracker state after each token's bytes from ``tau`` (-1 where rejected)."""
-        key = (self.vocabulary.fingerprint, tau)
-        got = self.tracker.walks.get(key)
-        if got is None:
+        def compute():
             _, toks, tgts = self.trie.walk(self.tracker.step, -1, [tau])
-            got = np.full(len(self.vocabulary.tokens), -1, np.int64)
-            got[toks] = tgts
-            got.flags.writeable = False
-            self.tracker.walks[key] = got
-        return got
+            out = np.full(len(self.vocabulary.tokens), -1, np.int32)
+            out[toks] = tgts
+            out.flags.writeable = False
+            return out
+        return self.tracker.walk((self.vocabulary.fingerprint, tau), compute).astype(np.int64)
 
     def _region_arcs(self, q: int, tau: int, lam: int, region: int) -> Tuple[np.ndarray, np.ndarray]:
         toks, tq = self._dfa_arcs(q)
@@ -318,8 +315,10 @@ class TokenAutomaton:
         t0 = time.perf_counter()
         if not any(self.canonical):
             bounds, toks, tgts = self.trie.walk_dfa(self.delta, np.arange(self.dfa.num_states))
+            self._dfa_cache.budget = max(self._dfa_cache.budget, len(toks) + 1)
             for q in range(self.dfa.num_states):
-                self._dfa_cache[q] = (toks[bounds[q]:bounds[q + 1]], tgts[bounds[q]:bounds[q + 1]])
+                self._dfa_cache.put(q, (toks[bounds[q]:bounds[q + 1]], tgts[bounds[q]:bounds[q + 1]]),
+                                    int(bounds[q + 1] - bounds[q]))
         seen = {int(self.start)}
         todo = [int(self.start)]
         narcs = 0
@@ -338,26 +337,39 @@ class TokenAutomaton:
     def count_paths(self, state: int, max_tokens: int, prefix_only: bool = False) -> int:
         """The number of accepted token paths of at most ``max_tokens`` tokens from ``state``
         (with ``prefix_only``: paths to the end of the prefix). Cycles are unrolled."""
-        return self._count(int(state), max_tokens, prefix_only)
+        memo = self._counts
+        root = (int(state), int(max_tokens), bool(prefix_only))
+        stack = [root]
+        while stack:  # depth-first, without recursion: a child's count before its parent's
+            key = stack[-1]
+            if key in memo:
+                stack.pop()
+                continue
+            s, budget, pre = key
+            targets = self._count_targets(s, pre) if budget else ([], [])
+            missing = [(t, budget - 1, pre) for t in targets[0] if (t, budget - 1, pre) not in memo]
+            if missing:
+                stack.extend(missing)
+                continue
+            stack.pop()
+            memo[key] = self._ends_here(s, pre) + sum(
+                c * memo[(t, budget - 1, pre)] for t, c in zip(*targets))
+        return memo[root]
 
-    @functools.lru_cache(maxsize=200_000)
-    def _count(self, state: int, budget: int, prefix_only: bool) -> int:
-        if prefix_only:
-            q, tau, _ = self.unpack(state)
-            if self.phase[q] != 0:
-                return 0
-            total = int(self.delta[q, SPLIT_COL] != self.dead and
-                        (not self.canonical[0] or self.tracker.accepts_end(tau)))
-        else:
-            total = int(self.is_final(state))
-        if budget == 0:
-            return total
+    def _ends_here(self, state: int, prefix_only: bool) -> int:
+        if not prefix_only:
+            return int(self.is_final(state))
+        q, tau, _ = self.unpack(state)
+        return int(self.phase[q] == 0 and self.delta[q, SPLIT_COL] != self.dead
+                   and (not self.canonical[0] or self.tracker.accepts_end(tau)))
+
+    def _count_targets(self, state: int, prefix_only: bool):
+        if prefix_only and self.phase[self.unpack(state)[0]] != 0:
+            return [], []
         arcs = self.arcs(state)
         targets = arcs.targets[arcs.prefix] if prefix_only else arcs.targets
         uniq, counts = np.unique(targets, return_counts=True)
-        for t, c in zip(uniq.tolist(), counts.tolist()):
-            total += c * self._count(t, budget - 1, prefix_only)
-        return total
+        return uniq.tolist(), counts.tolist()
 
     # -- producibility
     def _producible(self, dfa: ByteDFA) -> ByteDFA:
@@ -370,8 +382,7 @@ class TokenAutomaton:
             return dfa
         delta = dfa.delta.copy()
         delta[:, used] = dfa.dead
-        from .fsa import _trim
-        kept = _trim(ByteDFA(delta, dfa.final.copy()))
+        kept = trim(ByteDFA(delta, dfa.final.copy()))
         shown = ", ".join(f"0x{b:02X}" for b in used[:8])
         total, left = count_strings(dfa), count_strings(kept)
         lost = "some" if total is None or left is None else format_count(total - left)
@@ -407,22 +418,57 @@ def _phases(dfa: ByteDFA) -> np.ndarray:
 
 
 def _with_prepend(dfa: ByteDFA, prepend: bytes) -> ByteDFA:
-    """The language with ``prepend`` in front of the text: before the prefix, or right after the
-    split when the prefix is always empty."""
+    """The language with ``prepend`` in front of the text, inside whichever region the text
+    starts in: before the prefix, or right after the split when the prefix is empty."""
     n, k = dfa.num_states, len(prepend)
-    shift = k + 1
-    dead = n + shift
-    delta = np.full((n + shift + 1, dfa.delta.shape[1]), dead, np.int32)
-    old = dfa.delta[:-1].astype(np.int64)
-    delta[shift:dead] = np.where(old == dfa.dead, dead, old + shift)
-    final = np.concatenate([np.full(shift, -1, np.int8), dfa.final[:-1], [np.int8(-1)]])
-    after_split = int(dfa.delta[0, SPLIT_COL])
-    empty_prefix = after_split != dfa.dead and not (dfa.delta[0, :256] != dfa.dead).any()
-    if empty_prefix:
-        delta[0, SPLIT_COL] = 1
-        chain, last = list(range(1, k + 1)), after_split + shift
-    else:
-        chain, last = list(range(k)), shift
+    cols = dfa.delta.shape[1]
+    # layout: new start 0; old states 1..n; a copy of the old start without its split (n+1);
+    # chains for the prepend before the prefix (A) and after the split (B); dead last
+    start_copy = n + 1
+    chain_a = list(range(n + 2, n + 2 + k - 1))
+    chain_b = list(range(n + 1 + k, n + 1 + 2 * k))
+    total = n + 1 + 2 * k
+    dead = total
+    delta = np.full((total + 1, cols), dead, np.int32)
+    old = dfa.delta[:n].astype(np.int64)
+    delta[1:n + 1] = np.where(old == dfa.dead, dead, old + 1)
+    delta[start_copy] = delta[1]
+    delta[start_copy, SPLIT_COL] = dead
+    a_path = [0] + chain_a + [start_copy]
     for i, b in enumerate(prepend):
-        delta[chain[i], b] = chain[i + 1] if i + 1 < k else last
-    return ByteDFA(delta, final)
+        delta[a_path[i], b] = a_path[i + 1]
+    after_split = int(dfa.delta[0, SPLIT_COL])
+    if after_split != dfa.dead:
+        delta[0, SPLIT_COL] = chain_b[0]
+        b_path = chain_b + [after_split + 1]
+        for i, b in enumerate(prepend):
+            delta[b_path[i], b] = b_path[i + 1]
+    final = np.full(total + 1, -1, np.int16)
+    final[1:n + 1] = dfa.final[:n]
+    return trim(ByteDFA(delta, final))
+
+
+class _Lru:
+    """A cache of numpy-backed values bounded by their total size (elements)."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.items: "OrderedDict[int, object]" = OrderedDict()
+        self.sizes: Dict[int, int] = {}
+        self.total = 0
+
+    def get(self, key):
+        got = self.items.get(key)
+        if got is not None:
+            self.items.move_to_end(key)
+        return got
+
+    def put(self, key, value, size: int):
+        if key in self.items:
+            self.total -= self.sizes[key]
+        self.items[key] = value
+        self.sizes[key] = size
+        self.total += size
+        while self.total > self.budget and len(self.items) > 1:
+            old, _ = self.items.popitem(last=False)
+            self.total -= self.sizes.pop(old)

@@ -69,8 +69,9 @@ class Vocabulary:
             h.update(self.kind.encode() + self.prepend)
             for t in self.tokens:
                 h.update(b"\xff" if t is None else len(t).to_bytes(2, "little") + t)
-            h.update(json.dumps(self.spec.get("pre_tokenizer"), sort_keys=True).encode())
-            h.update(json.dumps(self.spec.get("normalizer"), sort_keys=True).encode())
+            model = {k: v for k, v in self.spec.get("model", {}).items() if k != "vocab"}
+            for part in (self.spec.get("pre_tokenizer"), self.spec.get("normalizer"), model):
+                h.update(json.dumps(part, sort_keys=True).encode())
             fp = self.__dict__["_fingerprint"] = h.hexdigest()[:16]
         return fp
 
