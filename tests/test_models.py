@@ -7,6 +7,7 @@ import random
 import re
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -187,3 +188,12 @@ def test_fingerprint_covers_the_merges():
     a = from_tokenizer(GPT2TokenizerFast(vocab=vocab, merges=[("a", "b"), ("b", "c")]))
     b = from_tokenizer(GPT2TokenizerFast(vocab=vocab, merges=[("b", "c"), ("a", "b")]))
     assert a.tokens == b.tokens and a.fingerprint != b.fingerprint
+
+
+def test_any_local_model_directory_loads(tiny, tmp_path):
+    tiny.model.save_pretrained(tmp_path)
+    tiny.tokenizer.save_pretrained(tmp_path)
+    local = load_model(str(tmp_path), dtype="float32")
+    assert local.vocabulary.fingerprint == tiny.vocabulary.fingerprint
+    ids = tiny.vocabulary.encode("hello world")
+    assert np.allclose(local.score(ids), tiny.score(ids), atol=1e-5)

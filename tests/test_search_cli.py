@@ -104,3 +104,13 @@ def test_cli_explain_with_a_huge_language(capsys):
     assert main(["--model", "tiny-gpt2", "--matching", ".{0,2000}", "--explain"]) == 0
     out = capsys.readouterr().out
     assert "strings: about" in out
+
+
+def test_example_script_runs():
+    from pathlib import Path
+    script = Path(__file__).resolve().parent.parent / "examples" / "birthdays.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert "strings" in lines[0] and len(lines) == 6
+    assert all("George Washington was born on" in line for line in lines[1:])

@@ -126,7 +126,7 @@ def test_count_paths(gpt2_vocab):
 
 def test_huge_counts_do_not_crash_the_warning(smol_vocab):
     ta = compile("[^\\n]{0,800}", smol_vocab, None, ALL)
-    assert any("cannot be produced" in w and "e" in w.split()[1] for w in ta.warnings)
+    assert any("cannot be produced" in w for w in ta.warnings)
 
 
 def test_count_paths_is_not_recursive(gpt2_vocab):

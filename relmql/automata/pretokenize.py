@@ -489,6 +489,16 @@ class Tracker:
         out[live & mid & ~ok] = REJECT  # inside one character: always inside one chunk
         return out
 
+    def settled(self, state: int) -> bool:
+        """Whether nothing read so far can still be contradicted: at a character boundary, no
+        character read past the last point where the chunk may end, and no token boundary that
+        must turn out to be a chunk boundary. Any continuation is then fine."""
+        core, r = divmod(int(state), self.nreader)
+        if r != self.reader_start:
+            return False
+        _, _, _, buf, _, pend = self.cores[core]
+        return not buf and all(ok for _, ok in pend)
+
     def accepts_end(self, state: int) -> bool:
         """Whether the text may end in this tracker state."""
         if state < 0:

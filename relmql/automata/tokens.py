@@ -203,6 +203,24 @@ class TokenAutomaton:
             return out
         return self.tracker.walk((self.vocabulary.fingerprint, tau), compute).astype(np.int64)
 
+    def _tracker_ends(self, tau: int, toks: np.ndarray) -> np.ndarray:
+        """The tracker state after each of a few tokens from ``tau`` (-1 where rejected)."""
+        cached = self.tracker.walks.get((self.vocabulary.fingerprint, tau))
+        if cached is not None or not len(toks):
+            return cached[toks] if cached is not None else np.empty(0, np.int64)
+        data = [self.vocabulary.tokens[t] for t in toks.tolist()]
+        width = max(map(len, data))
+        mat = np.zeros((len(data), width), np.uint8)
+        lens = np.fromiter(map(len, data), np.int64, len(data))
+        for i, d in enumerate(data):
+            mat[i, :len(d)] = np.frombuffer(d, np.uint8)
+        state = np.full(len(data), tau, np.int64)
+        for j in range(width):
+            going = (lens > j) & (state >= 0)
+            if going.any():
+                state[going] = self.tracker.step(state[going], mat[going, j])
+        return state
+
     def _region_arcs(self, q: int, tau: int, lam: int, region: int) -> Tuple[np.ndarray, np.ndarray]:
         toks, tq = self._dfa_arcs(q)
         if not self.canonical[region]:
@@ -237,24 +255,30 @@ class TokenAutomaton:
             toks, tq, end, lam2 = toks[keep], tq[keep], end[keep], lam2[keep]
         return toks, self._pack(tq, end, lam2)
 
+    def _few_arcs(self, q: int, most: int = 4096) -> bool:
+        """Whether at most about ``most`` tokens can leave byte state ``q`` (from its first bytes)."""
+        live = self.delta[q, :256] != self.dead
+        return int(self.trie.first_byte_weight[live].sum()) <= most
+
     def _next_needs_pair(self, q: int, tau: int, region: int, small: int = 32):
         """None when some continuation from (q, tau) cannot be blocked by the previous token;
         else the few tokens that could come next, each of which must pair with it.
 
         A token whose boundary may turn out to be a chunk boundary, or the end of the region,
-        frees the continuation from the pair test; with more than ``small`` candidates, one of
-        them is assumed to pair (BPE forbids about 3% of pairs)."""
+        frees the continuation from the pair test; with more than ``small`` candidates (or a
+        byte state that thousands of tokens leave), one of them is assumed to pair (BPE forbids
+        about 3% of pairs)."""
         key = (q, tau, region, "next")
         if key in self._live_cache:
             return self._live_cache[key]
         result = None
-        if not self._region_end_ok(q, tau, region):
+        if not self._region_end_ok(q, tau, region) and self._few_arcs(q):
             toks, _ = self._dfa_arcs(q)
             toks = toks[self.pairs.self_canonical[toks]]
             t_ok, t_bad = self.tracker.boundary(np.array([tau, tau]), np.array([True, False]))
-            free = t_bad >= 0 and (self._tracker_walk(int(t_bad))[toks] >= 0).any()
+            free = t_bad >= 0 and (self._tracker_ends(int(t_bad), toks) >= 0).any()
             if not free:
-                ok = toks[self._tracker_walk(int(t_ok))[toks] >= 0] if t_ok >= 0 else toks[:0]
+                ok = toks[self._tracker_ends(int(t_ok), toks) >= 0] if t_ok >= 0 else toks[:0]
                 if len(ok) <= small:
                     result = ok.tolist()
         self._live_cache[key] = result
@@ -269,13 +293,16 @@ class TokenAutomaton:
         if got is not None:
             return got
         tracker = self.tracker
+        if tracker.settled(tau):  # the byte DFA is trimmed: some continuation exists
+            self._live_cache[key] = True
+            return True
         seen = {(q, tau)}
         frontier = [(q, tau)]
         result = None
         while frontier and result is None:
             nxt = []
             for q1, t1 in frontier:
-                if self._region_end_ok(q1, t1, region):
+                if tracker.settled(t1) or self._region_end_ok(q1, t1, region):
                     result = True
                     break
                 if len(seen) > budget:
@@ -384,8 +411,11 @@ class TokenAutomaton:
         delta[:, used] = dfa.dead
         kept = trim(ByteDFA(delta, dfa.final.copy()))
         shown = ", ".join(f"0x{b:02X}" for b in used[:8])
-        total, left = count_strings(dfa), count_strings(kept)
-        lost = "some" if total is None or left is None else format_count(total - left)
+        lost = "some"
+        if dfa.num_states <= 1000:  # counting big languages costs more than the message is worth
+            total, left = count_strings(dfa), count_strings(kept)
+            if total is not None and left is not None:
+                lost = format_count(total - left)
         msg = (f"{lost} strings of this query cannot be produced by this model: its vocabulary has no "
                f"token containing byte(s) {shown}")
         if kept.is_empty():
