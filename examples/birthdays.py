@@ -7,7 +7,7 @@ it best-first: results come out in exact order of P(date | "George Washington wa
 """
 
 from relmql.automata import CompileOptions, compile
-from relmql.execute import search
+from relmql.execute import Decoding, ShortestPath, execute
 from relmql.models import load_model
 
 MONTHS = "January|February|March|April|May|June|July|August|September|October|November|December"
@@ -18,5 +18,5 @@ automaton = compile(f"{PREFIX} ({MONTHS}) [0-9]{{1,2}}, [0-9]{{4}}", model.vocab
                     CompileOptions(tokenization="canonical"))
 print(f"{automaton.language.num_strings:,} strings; byte automaton of "
       f"{automaton.language.dfa.num_states} states")
-for rank, match in enumerate(search(automaton, model, limit=5, topk=40), start=1):
-    print(f"{rank}. {match.prob:.4f}  {match.text}")
+for row in execute(automaton, model, ShortestPath(order="prob", limit=5), Decoding(topk=40)):
+    print(f"{row.rank}. {row.prob:.4f}  {row.text}")

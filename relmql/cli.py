@@ -35,7 +35,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the strings to find, the prefix included (Python re syntax)")
     p.add_argument("--prefix", metavar="REGEX", help="the given part of each string (not pruned by --topk)")
     p.add_argument("--limit", type=_positive, default=10, help="how many strings to return (default: 10)")
-    p.add_argument("--topk", type=_positive, help="only strings whose every completion token is among the k most probable")
+    p.add_argument("--order", choices=("prob", "total_prob"), default="prob",
+                   help="rank by the completion's probability given the prefix (prob), or the whole string's")
+    p.add_argument("--sample", type=_natural, metavar="N", help="draw N random samples instead of ranking")
+    p.add_argument("--sampling", choices=("local", "exact"), default="local", help="how samples are drawn")
+    p.add_argument("--seed", type=_natural, default=0, help="random seed for --sample (default: 0)")
+    p.add_argument("--topk", type=_positive, help="keep only the k most probable next tokens")
+    p.add_argument("--topp", type=float, help="keep only the most probable next tokens that make up probability p")
+    p.add_argument("--temperature", type=float, default=1.0, help="divide the logits by this (default: 1)")
+    p.add_argument("--eos", action="store_true", help="a string must be followed by the end-of-text token")
+    p.add_argument("--batch-size", type=_positive, default=32, help="nodes or samples per model call")
     p.add_argument("--tokenization", choices=TOKENIZATIONS, default="canonical")
     p.add_argument("--prefix-tokenization", choices=TOKENIZATIONS, default="canonical")
     p.add_argument("--edits", type=_natural, default=0, help="allow up to N character edits")
@@ -84,7 +93,7 @@ def _print_error(e: Error) -> None:
 
 def _run(args) -> int:
     from .automata import CompileOptions, compile
-    from .execute import search
+    from .execute import Decoding, Sample, ShortestPath, execute
     from .models import load_model
     t0 = time.perf_counter()
     model = load_model(args.model, device=args.device, dtype=args.dtype)
@@ -98,17 +107,23 @@ def _run(args) -> int:
     if args.explain:
         _explain(automaton)
         return 0
-    rows = []
-    width = 0
-    for rank, m in enumerate(search(automaton, model, args.limit, args.topk, args.max_tokens), start=1):
-        rows.append((rank, m.prob, m.text))
-        width = max(width, len(repr(m.text)))
-        print(f"{rank:>4}  {m.prob:.6g}  {m.text!r}", flush=True)
+    rules = Decoding(temperature=args.temperature, topk=args.topk, topp=args.topp, eos=args.eos)
+    if args.sample is not None:
+        traversal = Sample(args.sample, seed=args.seed, mode=args.sampling, max_tokens=args.max_tokens,
+                           batch_size=args.batch_size)
+    else:
+        traversal = ShortestPath(order=args.order, limit=args.limit, max_tokens=args.max_tokens,
+                                 batch_size=args.batch_size)
+    count = 0
+    for row in execute(automaton, model, traversal, rules):
+        count += 1
+        value = row.total_prob if args.order == "total_prob" and args.sample is None else row.prob
+        print(f"{row.rank:>4}  {value:.6g}  {row.text!r}", flush=True)
     t3 = time.perf_counter()
-    if not rows:
+    if not count:
         print("(no strings)")
-    print(f"{len(rows)} rows; model loaded in {t1 - t0:.1f}s, compiled in {(t2 - t1) * 1000:.0f}ms, "
-          f"searched in {t3 - t2:.1f}s", file=sys.stderr)
+    print(f"{count} rows; model loaded in {t1 - t0:.1f}s, compiled in {(t2 - t1) * 1000:.0f}ms, "
+          f"ran in {t3 - t2:.1f}s", file=sys.stderr)
     return 0
 
 

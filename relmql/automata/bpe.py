@@ -135,18 +135,6 @@ class PairTable:
         ids = [syms[i] for i in range(n) if alive[i]]
         return ids, _chain(lchain), _chain(rchain)
 
-    def pair_ok(self, right_class: int, b: int) -> bool:
-        """Whether BPE can put token ``b`` right after a token of ``right_class``: the test of
-        ``forbidden_after`` for one pair, without building the whole mask."""
-        if not self.self_canonical[b]:
-            return False
-        for x, born_x, absorbed_x in self.class_chain[right_class]:
-            for y, born_y, absorbed_y in self.left[b]:
-                m = self.merges.get((x, y))
-                if m and born_x < m[0] < absorbed_x and born_y < m[0] <= absorbed_y:
-                    return False
-        return True
-
     @functools.lru_cache(maxsize=512)
     def forbidden_after(self, right_class: int) -> np.ndarray:
         """Boolean mask of the tokens that BPE never puts right after a token of this class

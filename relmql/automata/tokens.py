@@ -99,6 +99,7 @@ class TokenAutomaton:
         self._dfa_cache = _Lru(CACHE_ENTRIES)
         self._arcs_cache = _Lru(CACHE_ENTRIES)
         self._live_cache: Dict[tuple, object] = {}
+        self._visiting: set = set()
         self._counts: Dict[Tuple[int, int, bool], int] = {}
 
     # -- packing
@@ -248,12 +249,25 @@ class TokenAutomaton:
                 if not self._live(q2, t2, region):
                     keep[members] = False
                     continue
-                need = self._next_needs_pair(q2, t2, region)
-                if need is not None:  # only a few next tokens, all inside this chunk: test the pairs
+                if self._next_needs_pair(q2, t2, region) is not None:
+                    # only a few next tokens, all inside this chunk: each child must have a way on
                     for m in members.tolist():
-                        keep[m] = any(pairs.pair_ok(int(lam2[m]), t) for t in need)
+                        keep[m] = self._has_way_on(int(self._pack(q2, t2, lam2[m])))
             toks, tq, end, lam2 = toks[keep], tq[keep], end[keep], lam2[keep]
         return toks, self._pack(tq, end, lam2)
+
+    def _has_way_on(self, state: int) -> bool:
+        """Whether the text may end at ``state`` or some token leads on from it (recursively, so
+        that chains of forced tokens that end in a pair BPE never produces are cut)."""
+        if self.is_final(state):
+            return True
+        if state in self._visiting:
+            return True  # a cycle of forced tokens: assume it can be left
+        self._visiting.add(state)
+        try:
+            return len(self.arcs(state)) > 0
+        finally:
+            self._visiting.discard(state)
 
     def _few_arcs(self, q: int, most: int = 4096) -> bool:
         """Whether at most about ``most`` tokens can leave byte state ``q`` (from its first bytes)."""

@@ -14,17 +14,35 @@ from .vocab import Vocabulary
 
 @dataclass(eq=False)
 class ModelState:
-    """What a model has read: ``tokens`` (start-of-text token included), the log-probabilities
-    of the next token (``logprobs``, float32, one per token id) and a backend cache that lets
-    ``extend`` continue without reading ``tokens`` again (None once evicted)."""
+    """What a model has read.
+
+    ``tokens``: everything read, the start-of-text token first. ``logprobs``: float32
+    log-probabilities of the next token, one per token id (on the model's device; callers may
+    drop it once used). ``token_logprobs``: the log-probability of each token this state's
+    ``extend`` call read, given what came before it (NaN for the first one when it was read
+    after an existing state, whose ``logprobs`` hold it). ``cache``: the backend's record of
+    the keys and values, so that extending the state reads only the new tokens.
+    """
 
     tokens: Tuple[int, ...]
-    logprobs: torch.Tensor
+    logprobs: Optional[torch.Tensor]
+    token_logprobs: Optional[np.ndarray] = None
     cache: Any = field(default=None, repr=False)
 
     @property
     def length(self) -> int:
         return len(self.tokens)
+
+
+@dataclass
+class ModelStats:
+    """Work done by a model: forward passes, tokens read, seconds inside forward passes,
+    and tokens read again because their cached keys and values had been evicted."""
+
+    calls: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    recomputed: int = 0
 
 
 class LanguageModel(abc.ABC):
@@ -39,6 +57,7 @@ class LanguageModel(abc.ABC):
     name: str
     vocabulary: Vocabulary
     device: torch.device
+    stats: ModelStats
 
     @property
     def eos_id(self) -> int:

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import os
+import time
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 import numpy as np
 import torch
 
 from ..errors import ModelError
-from .base import LanguageModel, ModelState
+from .base import LanguageModel, ModelState, ModelStats
 from .vocab import Vocabulary, from_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_KV_BUDGET = 2 * 2 ** 30  # bytes of cached keys and values kept per model
 
 
 def resolve_device(device: Optional[str]) -> torch.device:
@@ -40,14 +45,39 @@ def resolve_dtype(dtype: Optional[str], device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
+@dataclass(eq=False)
+class KVBlock:
+    """The keys and values of a run of tokens, chained to the block before it.
+
+    ``kv`` is ``[2 * layers, kv_heads, n, head_dim]`` (keys and values of layer l at 2l and
+    2l + 1), or None once evicted. A state's cache is its last block; sequences that share a
+    beginning share its blocks, so a child node stores only its own token.
+    """
+    parent: Optional["KVBlock"]
+    kv: Optional[torch.Tensor] = field(repr=False)
+    n: int
+    length: int
+
+    def chain(self) -> List["KVBlock"]:
+        out, b = [], self
+        while b is not None:
+            out.append(b)
+            b = b.parent
+        out.reverse()
+        return out
+
+
 class TransformersModel(LanguageModel):
     """Any transformers causal LM with a fast tokenizer.
 
-    States keep the per-sequence key/value cache; ``extend`` pads a batch of sequences of
-    different lengths (past on the left, new tokens on the right) into one forward pass.
+    ``extend`` pads a batch of sequences of different lengths (past on the left, new tokens on
+    the right) into one forward pass. Keys and values live in a tree of ``KVBlock``s; when they
+    take more than ``kv_budget`` bytes, the least recently used blocks are dropped, and a
+    sequence that needs a dropped block is read again from the start.
     """
 
-    def __init__(self, model, tokenizer, name: str, bos_id: Optional[int] = None, eos_id: Optional[int] = None):
+    def __init__(self, model, tokenizer, name: str, bos_id: Optional[int] = None, eos_id: Optional[int] = None,
+                 kv_budget: int = DEFAULT_KV_BUDGET):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
@@ -57,6 +87,10 @@ class TransformersModel(LanguageModel):
         self.vocabulary: Vocabulary = from_tokenizer(tokenizer, vocab_size, eos_id=eos_id, bos_id=bos_id)
         if self.vocabulary.bos_id is None:
             raise ModelError(f"model {name!r} has neither a start-of-text nor an end-of-text token")
+        self.stats = ModelStats()
+        self.kv_budget = kv_budget
+        self._kv_bytes = 0
+        self._kv_lru: "OrderedDict[int, weakref.ref]" = OrderedDict()
 
     @classmethod
     def from_pretrained(cls, path: str, device: Optional[str] = None, dtype: Optional[str] = None,
@@ -76,6 +110,35 @@ class TransformersModel(LanguageModel):
                              f"({str(e).splitlines()[0][:160]}); downloading from the hub needs network access") from None
         return cls(model.to(dev), tokenizer, name or path)
 
+    # -- the key/value store
+    def _register(self, block: KVBlock):
+        size = block.kv.numel() * block.kv.element_size()
+        self._kv_bytes += size
+        key = id(block)
+        self._kv_lru[key] = weakref.ref(block, lambda _, k=key, s=size: self._forget(k, s))
+
+    def _forget(self, key: int, size: int):
+        if self._kv_lru.pop(key, None) is not None:
+            self._kv_bytes -= size
+
+    def _touch(self, block: KVBlock):
+        if id(block) in self._kv_lru:
+            self._kv_lru.move_to_end(id(block))
+
+    def _evict(self):
+        while self._kv_bytes > self.kv_budget and self._kv_lru:
+            key, ref = self._kv_lru.popitem(last=False)
+            block = ref()
+            if block is not None and block.kv is not None:
+                self._kv_bytes -= block.kv.numel() * block.kv.element_size()
+                block.kv = None
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of keys and values held now."""
+        return self._kv_bytes
+
+    # -- reading tokens
     @torch.inference_mode()
     def extend(self, states: Sequence[Optional[ModelState]], tokens: Sequence[Sequence[int]]) -> List[ModelState]:
         if len(states) != len(tokens):
@@ -84,61 +147,77 @@ class TransformersModel(LanguageModel):
         for st, new in zip(states, tokens):
             new = [int(t) for t in new]
             if st is None:
-                seqs.append(((), None, [self.bos_id] + new))
-            elif st.cache is None:  # evicted: read everything again
-                seqs.append(((), None, list(st.tokens) + new))
+                seqs.append(((), None, [self.bos_id] + new, 1))
+                continue
+            if not new:
+                raise ValueError("extend needs at least one new token for an existing state")
+            chain = st.cache.chain() if st.cache is not None else None
+            if chain is None or any(b.kv is None for b in chain):
+                # evicted: read everything again (the first new token's probability is known)
+                self.stats.recomputed += len(st.tokens)
+                seqs.append(((), None, list(st.tokens) + new, len(st.tokens)))
             else:
-                if not new:
-                    raise ValueError("extend needs at least one new token for an existing state")
-                seqs.append((st.tokens, st.cache, new))
+                seqs.append((st.tokens, chain, new, 0))
         return self._forward(seqs)
 
     def _forward(self, seqs) -> List[ModelState]:
         dev = self.device
-        past_len = [len(p) if c is not None else 0 for p, c, _ in seqs]
-        new_len = [len(n) for _, _, n in seqs]
+        past_len = [len(p) if c is not None else 0 for p, c, _, _ in seqs]
+        new_len = [len(n) for _, _, n, _ in seqs]
         B, P, N = len(seqs), max(past_len), max(new_len)
         ids = torch.zeros((B, N), dtype=torch.long)
         mask = torch.zeros((B, P + N), dtype=torch.long)
         pos = torch.zeros((B, N), dtype=torch.long)
-        for b, (_, _, new) in enumerate(seqs):
+        for b, (_, _, new, _) in enumerate(seqs):
             ids[b, :len(new)] = torch.tensor(new)
             mask[b, P - past_len[b]:P + len(new)] = 1
             pos[b, :len(new)] = torch.arange(past_len[b], past_len[b] + len(new))
-        cache = None
-        if P:
-            cache = self._batch_cache([c for _, c, _ in seqs], past_len, P)
+        cache = self._batch_cache([c for _, c, _, _ in seqs], past_len, P) if P else None
+        t0 = time.perf_counter()
         out = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
                          past_key_values=cache, use_cache=True)
-        last = torch.tensor([n - 1 for n in new_len], device=dev)
-        logits = out.logits[torch.arange(B, device=dev), last].float()
+        logits = out.logits.float()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        self.stats.seconds += time.perf_counter() - t0
+        self.stats.calls += 1
+        self.stats.tokens += sum(new_len)
         logprobs = torch.log_softmax(logits, dim=-1)
         layers = _cache_tensors(out.past_key_values)
+        # log-probability of each new token given the ones before it
+        nxt = torch.zeros((B, N), dtype=torch.long, device=dev)
+        nxt[:, :-1] = ids[:, 1:].to(dev)
+        within = torch.gather(logprobs, 2, nxt.unsqueeze(-1)).squeeze(-1).double().cpu().numpy()
         states = []
-        for b, (prev, _, new) in enumerate(seqs):
-            lo, hi = P - past_len[b], P + len(new)
-            per = tuple((k[b:b + 1, :, lo:hi].clone(), v[b:b + 1, :, lo:hi].clone()) for k, v in layers)
-            states.append(ModelState(tuple(prev) + tuple(new), logprobs[b], per))
+        for b, (prev, chain, new, known) in enumerate(seqs):
+            lo, hi = P, P + len(new)
+            kv = torch.stack([t for k, v in layers for t in (k[b, :, lo:hi], v[b, :, lo:hi])], 0)
+            parent = chain[-1] if chain else None
+            block = KVBlock(parent, kv, len(new), (parent.length if parent else 0) + len(new))
+            self._register(block)
+            # `known` tokens of `new` were read before the caller's (the start token, or a whole
+            # evicted sequence); the first caller token's probability needs the position before it
+            if known:
+                tok_lp = within[b, known - 1:len(new) - 1]
+            else:
+                tok_lp = np.concatenate([[np.nan], within[b, :len(new) - 1]])
+            states.append(ModelState(tuple(prev) + tuple(new), logprobs[b, len(new) - 1], tok_lp, block))
+        self._evict()
         return states
 
-    def _batch_cache(self, caches, past_len, P):
+    def _batch_cache(self, chains, past_len, P):
         from transformers import DynamicCache
-        layers = []
-        some = next(c for c in caches if c is not None)
-        for layer in range(len(some)):
-            ks, vs = [], []
-            ref = some[layer][0]
-            for c, n in zip(caches, past_len):
-                k, v = c[layer] if c is not None else (None, None)
-                if k is None:
-                    k = v = ref.new_zeros(ref.shape[:2] + (0,) + ref.shape[3:])
-                pad = P - n
-                if pad:
-                    z = k.new_zeros(k.shape[:2] + (pad,) + k.shape[3:])
-                    k, v = torch.cat([z, k], 2), torch.cat([z, v], 2)
-                ks.append(k)
-                vs.append(v)
-            layers.append((torch.cat(ks, 0), torch.cat(vs, 0)))
+        some = next(c for c in chains if c is not None)
+        ref = some[0].kv
+        full = ref.new_zeros((len(chains), ref.shape[0], ref.shape[1], P, ref.shape[3]))
+        for b, chain in enumerate(chains):
+            if chain is None:
+                continue
+            for blk in chain:
+                self._touch(blk)
+            run = torch.cat([blk.kv for blk in chain], dim=2) if len(chain) > 1 else chain[0].kv
+            full[b, :, :, P - past_len[b]:] = run
+        layers = [(full[:, 2 * i], full[:, 2 * i + 1]) for i in range(ref.shape[0] // 2)]
         return DynamicCache(ddp_cache_data=layers, config=self.model.config)
 
     @torch.inference_mode()

@@ -1,0 +1,120 @@
+"""Typed options of the traversals: the decoding rules, shortest path and sampling."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from ..errors import Error
+
+ORDERS = ("prob", "total_prob")
+SAMPLING_MODES = ("local", "exact")
+
+
+class ExecutionError(Error):
+    """A query that cannot run as asked (bad option values, a budget exceeded)."""
+
+    kind = "execution error"
+
+
+class Cancelled(Error):
+    """The query was stopped before it finished."""
+
+    kind = "cancelled"
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """The rules that make a completion token one the model "would produce".
+
+    Logits are divided by ``temperature``; then, where set, only the ``topk`` most probable
+    tokens and the smallest set of most probable tokens whose probability reaches ``topp`` are
+    kept, and probabilities are renormalized over them. Prefix tokens are exempt: they take the
+    model's own probability. With ``eos`` a string must be followed by the end-of-text token,
+    whose probability (under the same rules) counts.
+    """
+
+    temperature: float = 1.0
+    topk: Optional[int] = None
+    topp: Optional[float] = None
+    eos: bool = False
+
+    def check(self) -> "Decoding":
+        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ExecutionError(f"temperature must be a positive number, not {self.temperature!r}")
+        if self.topk is not None and not (isinstance(self.topk, int) and self.topk >= 1):
+            raise ExecutionError(f"topk must be a whole number of at least 1, not {self.topk!r}")
+        if self.topp is not None and not (isinstance(self.topp, (int, float)) and 0 < self.topp <= 1):
+            raise ExecutionError(f"topp must be in (0, 1], not {self.topp!r}")
+        return self
+
+    @property
+    def plain(self) -> bool:
+        return self.temperature == 1 and self.topk is None and self.topp is None
+
+
+@dataclass(frozen=True)
+class ShortestPath:
+    """Most probable strings first, exactly, by ``order``: "prob" (of the completion given the
+    prefix) or "total_prob" (of the whole token sequence). ``limit``: stop after that many rows.
+    ``max_tokens``: the longest completion, in tokens. ``batch_size``: nodes expanded per model
+    call. ``max_prefix_nodes``: how many prefix nodes "prob" order may expand before its first
+    row (it needs every prefix's distribution to be sure of the order)."""
+
+    order: str = "prob"
+    limit: Optional[int] = None
+    max_tokens: int = 64
+    batch_size: int = 32
+    max_prefix_nodes: int = 100_000
+
+    def check(self) -> "ShortestPath":
+        if self.order not in ORDERS:
+            raise ExecutionError(f"unknown order {self.order!r}; use prob or total_prob")
+        for name in ("max_tokens", "batch_size", "max_prefix_nodes"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and v >= 1):
+                raise ExecutionError(f"{name} must be a whole number of at least 1, not {v!r}")
+        if self.limit is not None and not (isinstance(self.limit, int) and self.limit >= 0):
+            raise ExecutionError(f"limit must be a whole number, not {self.limit!r}")
+        return self
+
+
+@dataclass(frozen=True)
+class Sample:
+    """``n`` independent samples (with replacement).
+
+    The prefix is drawn uniformly over the prefix's token paths (in proportion to the number of
+    completions below each arc; cycles unrolled to ``max_tokens``), then the completion from
+    the model under the decoding rules, restricted to the language:
+
+    - ``mode="local"``: at each step the model's distribution is renormalized over the tokens
+      the language allows (ReLM's sampler). Every draw is a string of the language, but strings
+      are not drawn with their conditional probability; each row's ``weight`` is its importance
+      weight P(string) / P(drawn), whose mean estimates the probability of the language and
+      which makes weighted estimates unbiased.
+    - ``mode="exact"``: rejection: the completion is drawn from the model's own distribution
+      and drawn again whenever it leaves the language, so rows follow the model's distribution
+      conditioned on the language exactly. It needs about 1 / P(language | prefix) draws per
+      row; ``max_draws`` bounds the total.
+    """
+
+    n: int
+    seed: int = 0
+    mode: str = "local"
+    max_tokens: int = 64
+    batch_size: int = 64
+    max_draws: Optional[int] = None
+
+    def check(self) -> "Sample":
+        if not (isinstance(self.n, int) and self.n >= 0):
+            raise ExecutionError(f"the number of samples must be a whole number, not {self.n!r}")
+        if self.mode not in SAMPLING_MODES:
+            raise ExecutionError(f"unknown sampling mode {self.mode!r}; use local or exact")
+        for name in ("max_tokens", "batch_size"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and v >= 1):
+                raise ExecutionError(f"{name} must be a whole number of at least 1, not {v!r}")
+        if not isinstance(self.seed, int):
+            raise ExecutionError(f"seed must be a whole number, not {self.seed!r}")
+        return self

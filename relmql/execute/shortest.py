@@ -1,0 +1,205 @@
+"""Exact best-first search: the strings of a token automaton in order of probability.
+
+The search tree's nodes are token sequences. A node's cost is -log of the probability being
+ranked: the completion's, given the prefix ("prob"), or the whole sequence's ("total_prob").
+Costs never decrease along a path, so a result is certain once nothing cheaper is left.
+
+- Children are enumerated lazily: an expanded node keeps its children sorted by cost and only
+  its next-best child sits in the priority queue, so a node with 50,000 children costs one
+  queue entry, not 50,000 (children beyond a chunk are recomputed only if ever needed).
+- Up to ``batch_size`` nodes are expanded per model call; a result is released only when
+  every node cheaper than it has been expanded, so batching never changes the order.
+- A node's distribution costs one token through the model: its parent's keys and values are
+  reused (``LanguageModel.extend``), so the prefix is read once.
+- Order "prob": prefix tokens are given, so every prefix's distribution is needed before the
+  first row is certain. Prefix nodes are therefore expanded first, most probable prefix first,
+  in batches; then completion nodes by the completion's probability.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import threading
+from typing import Iterator, List, Optional
+
+import numpy as np
+import torch
+
+from ..automata.tokens import TokenAutomaton
+from ..models.base import LanguageModel, ModelState
+from .decoding import completion_logprobs
+from .options import Cancelled, Decoding, ExecutionError, ShortestPath
+from .rows import Row, make_row
+
+CHUNK = 256  # children kept per node; more are recomputed when needed
+
+_CHILD, _RESULT, _MORE = 0, 1, 2
+
+
+class _Node:
+    __slots__ = ("parent", "token", "state", "prefix", "npre", "ncomp", "pre_raw", "cond", "key", "cache",
+                 "kids", "kid_keys", "more")
+
+    def __init__(self, parent, token, state, prefix, npre, ncomp, pre_raw, cond, key):
+        self.parent, self.token, self.state, self.prefix = parent, token, state, prefix
+        self.npre, self.ncomp, self.pre_raw, self.cond, self.key = npre, ncomp, pre_raw, cond, key
+        self.cache = None   # the model's KV block for this node's tokens
+        self.kids = None    # (tokens, states, is_prefix, raw lp, rule lp) of the stored children
+        self.kid_keys = None
+        self.more = 0       # where the next chunk of children starts, 0 when there is none
+
+    def tokens(self) -> List[int]:
+        out, n = [], self
+        while n is not None and n.token is not None:
+            out.append(n.token)
+            n = n.parent
+        out.reverse()
+        return out
+
+
+def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opts: ShortestPath,
+                  cancel: Optional[threading.Event] = None) -> Iterator[Row]:
+    """Rows in non-increasing order of ``opts.order``, exactly, as soon as each is certain."""
+    rules, opts = rules.check(), opts.check()
+    by_prob = opts.order == "prob"
+    eos = model.eos_id
+    vocab = model.vocabulary
+    tie = itertools.count()
+    heap: list = []
+    prefix_expanded = 0
+    found = 0
+
+    def node_key(pre_raw, cond, prefix_phase):
+        if by_prob:
+            return (0, -pre_raw) if prefix_phase else (1, -cond)
+        return (0, -(pre_raw + cond))
+
+    def result_key(pre_raw, cond):
+        return (1, -cond) if by_prob else (0, -(pre_raw + cond))
+
+    def push(key, kind, node, arg=0):
+        heapq.heappush(heap, (key, next(tie), kind, node, arg))
+
+    def row(node, cond, edits):
+        return make_row(vocab, node.tokens(), node.npre, cond, node.pre_raw + cond, edits, found + 1)
+
+    def materialize(parent: _Node, i: int) -> _Node:
+        toks, states, pre, raw, rule = parent.kids
+        is_pre = bool(pre[i])
+        node = _Node(parent, int(toks[i]), int(states[i]), is_pre, parent.npre + is_pre,
+                     parent.ncomp + (not is_pre), parent.pre_raw + (float(raw[i]) if is_pre else 0.0),
+                     parent.cond + (0.0 if is_pre else float(rule[i])), parent.kid_keys[i])
+        return node
+
+    def next_sibling(parent: _Node, i: int):
+        if i + 1 < len(parent.kid_keys):
+            push(parent.kid_keys[i + 1], _CHILD, parent, i + 1)
+        elif parent.more:
+            push(parent.kid_keys[-1], _MORE, parent, parent.more)
+
+    def expandable(node: _Node) -> bool:
+        if rules.eos and automaton.is_final(node.state):
+            return True
+        if node.ncomp >= opts.max_tokens and node.npre >= opts.max_tokens:
+            return False
+        return len(automaton.arcs(node.state)) > 0
+
+    def consider(node: _Node, batch: list):
+        """A node just taken from the queue: release its result (without eos) and queue its expansion."""
+        if not rules.eos:
+            edits = automaton.final_edits(node.state)
+            if edits >= 0:
+                push(result_key(node.pre_raw, node.cond), _RESULT, node, edits)
+        if expandable(node):
+            batch.append((node, 0))
+
+    def expand(batch: list):
+        nonlocal prefix_expanded
+        parents, toks_in = [], []
+        for node, _ in batch:
+            if node.parent is None:
+                parents.append(None)
+                toks_in.append([])
+            else:
+                p = node.parent
+                parents.append(ModelState((model.bos_id, *p.tokens()), None, None, p.cache))
+                toks_in.append([node.token])
+        outs = model.extend(parents, toks_in)
+        raw = torch.stack([o.logprobs for o in outs])
+        rule = completion_logprobs(raw, rules)
+        arcs = [automaton.arcs(node.state) for node, _ in batch]
+        rows_idx = np.repeat(np.arange(len(batch)), [len(a) for a in arcs])
+        cols = np.concatenate([a.tokens for a in arcs]) if len(rows_idx) else np.zeros(0, np.int64)
+        r_t, c_t = torch.from_numpy(rows_idx).to(raw.device), torch.from_numpy(cols.astype(np.int64)).to(raw.device)
+        raw_all = raw[r_t, c_t].double().cpu().numpy()
+        rule_all = rule[r_t, c_t].double().cpu().numpy()
+        eos_raw = raw[:, eos].double().cpu().numpy() if eos is not None else None
+        eos_rule = rule[:, eos].double().cpu().numpy() if eos is not None else None
+        start = 0
+        for b, ((node, chunk), out, a) in enumerate(zip(batch, outs, arcs)):
+            if node.cache is None:
+                node.cache = out.cache
+            if node.prefix or node.parent is None:
+                prefix_expanded += chunk == 0
+            n = len(a)
+            lr, lu = raw_all[start:start + n], rule_all[start:start + n]
+            start += n
+            if chunk == 0 and rules.eos:
+                edits = automaton.final_edits(node.state)
+                if edits >= 0 and eos_rule[b] > -math.inf:
+                    push(result_key(node.pre_raw, node.cond + eos_rule[b]), _RESULT, node, edits)
+            keep = np.where(a.prefix, node.npre < opts.max_tokens,
+                            (lu > -math.inf) & (node.ncomp < opts.max_tokens))
+            if not keep.any():
+                continue
+            t, s, p, rr, ru = a.tokens[keep], a.targets[keep], a.prefix[keep], lr[keep], lu[keep]
+            if by_prob:
+                tier = np.where(p, 0, 1)
+                val = np.where(p, -(node.pre_raw + rr), -(node.cond + ru))
+            else:
+                tier = np.zeros(len(t), np.int64)
+                val = -(node.pre_raw + node.cond + np.where(p, rr, ru))
+            order = np.lexsort((val, tier))[chunk:chunk + CHUNK]
+            node.kids = (t[order], s[order], p[order], rr[order], ru[order])
+            node.kid_keys = [(int(a_), float(b_)) for a_, b_ in zip(tier[order], val[order])]
+            node.more = chunk + CHUNK if chunk + CHUNK < len(t) else 0
+            if node.kid_keys:
+                push(node.kid_keys[0], _CHILD, node, 0)
+        if by_prob and prefix_expanded > opts.max_prefix_nodes:
+            raise ExecutionError(
+                f"ORDER BY prob needs the distribution after every prefix, and this prefix has more than "
+                f"{opts.max_prefix_nodes:,} token paths", hint="use ORDER BY total_prob, a canonical prefix "
+                "tokenization, or a narrower PREFIX")
+
+    if opts.limit == 0:
+        return
+    root = _Node(None, None, automaton.start, True, 0, 0, 0.0, 0.0, node_key(0.0, 0.0, True))
+    batch: list = []
+    consider(root, batch)
+    while batch or heap:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("the query was cancelled")
+        while heap and len(batch) < opts.batch_size:
+            key, _, kind, node, arg = heap[0]
+            if kind == _RESULT:
+                if batch:
+                    break  # cheaper nodes in the batch must be expanded first
+                heapq.heappop(heap)
+                cond = -key[1] if by_prob else -key[1] - node.pre_raw
+                yield row(node, cond, arg)
+                found += 1
+                if opts.limit is not None and found >= opts.limit:
+                    return
+                continue
+            heapq.heappop(heap)
+            if kind == _MORE:
+                batch.append((node, arg))
+                continue
+            child = materialize(node, arg)
+            next_sibling(node, arg)
+            consider(child, batch)
+        if batch:
+            expand(batch)
+            batch = []

@@ -1,0 +1,63 @@
+"""Independent oracles for the executor: direct transformers scoring and the decoding rules
+written out plainly in numpy."""
+
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+
+def step_logprobs(model, tokens: Sequence[int]) -> np.ndarray:
+    """[len(tokens) + 1, vocab] float64 log-probabilities: row i is the distribution of the
+    token after ``tokens[:i]`` (one plain forward pass from the start-of-text token)."""
+    ids = torch.tensor([[model.bos_id, *tokens]])
+    with torch.no_grad():
+        logits = model.model(ids).logits[0].double()
+    return torch.log_softmax(logits, -1).numpy()
+
+
+def rules_logprobs(lp: np.ndarray, temperature=1.0, topk=None, topp=None) -> np.ndarray:
+    """The decoding rules on one distribution, as a sampler applies them."""
+    x = lp / temperature
+    x = x - np.logaddexp.reduce(x)
+    if topk is not None and topk < len(x):
+        kth = np.sort(x)[-topk]
+        x = np.where(x >= kth, x, -np.inf)
+        x = x - np.logaddexp.reduce(x[np.isfinite(x)])
+    if topp is not None and topp < 1:
+        order = np.argsort(-x, kind="stable")
+        p = np.exp(x[order])
+        before = np.cumsum(p) - p
+        drop = order[before >= topp]
+        drop = drop[drop != order[0]]
+        x = x.copy()
+        x[drop] = -np.inf
+        x = x - np.logaddexp.reduce(x[np.isfinite(x)])
+    return x
+
+
+def score(model, tokens: Sequence[int], n_prefix: int, eos: bool = False, **rules) -> Tuple[float, float]:
+    """(logprob, total_logprob) of a token sequence: completion tokens under the rules, prefix
+    tokens at the model's probability, the end-of-text token too when ``eos``."""
+    lp = step_logprobs(model, tokens)
+    pre = sum(lp[i, t] for i, t in enumerate(tokens[:n_prefix]))
+    cond = 0.0
+    for i in range(n_prefix, len(tokens)):
+        cond += rules_logprobs(lp[i], **rules)[tokens[i]]
+    if eos:
+        cond += rules_logprobs(lp[len(tokens)], **rules)[model.eos_id]
+    return cond, pre + cond
+
+
+def ranking(model, paths: List[Tuple[Tuple[int, ...], int]], order: str = "prob", eos: bool = False, **rules):
+    """Every (logprob, total_logprob, tokens, n_prefix) of ``paths`` that the rules allow, best first."""
+    scored = []
+    for toks, n in paths:
+        cond, total = score(model, toks, n, eos, **rules)
+        if cond > -math.inf:
+            scored.append((cond, total, toks, n))
+    key = (lambda r: -r[0]) if order == "prob" else (lambda r: -r[1])
+    return sorted(scored, key=key)

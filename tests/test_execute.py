@@ -1,0 +1,300 @@
+"""The executor against independent oracles: direct transformers scoring, brute-force
+rankings, and the exact distributions for sampling."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+
+import numpy as np
+import pytest
+from scipy import stats as sstats
+
+from relmql.automata import CompileOptions, compile
+from relmql.execute import Cancelled, Decoding, ExecutionError, Sample, ShortestPath, execute
+
+from conftest import enumerate_paths
+from oracle import ranking, rules_logprobs, step_logprobs
+
+CANON = CompileOptions()
+ALL = CompileOptions(tokenization="all", prefix_tokenization="all")
+
+
+def check_ranking(model, pattern, prefix, options, order, rules, batch_size=8):
+    ta = compile(pattern, model.vocabulary, prefix, options)
+    kw = {k: v for k, v in rules.items() if k != "eos"}
+    brute = ranking(model, enumerate_paths(ta), order, rules.get("eos", False), **kw)
+    rows = list(execute(ta, model, ShortestPath(order=order, batch_size=batch_size), Decoding(**rules)))
+    assert len(rows) == len(brute)
+    column = "logprob" if order == "prob" else "total_logprob"
+    values = [r.get(column) for r in rows]
+    assert values == sorted(values, reverse=True)
+    for r, (cond, total, toks, n) in zip(rows, brute):
+        assert abs(r.logprob - cond) < 1e-4 and abs(r.total_logprob - total) < 1e-4, (r, cond, total)
+    # the same sequences (ties may come in either order)
+    assert {r.tokens for r in rows} == {b[2] for b in brute}
+    for r in rows:
+        assert r.text == r.prefix + r.completion
+        assert model.vocabulary.decode(r.tokens) == r.text
+        assert r.prefix_tokens == next(b[3] for b in brute if b[2] == r.tokens)
+    return rows
+
+
+RULES = [{}, {"topk": 40}, {"topp": 0.9}, {"temperature": 0.7}, {"eos": True},
+         {"topk": 100, "temperature": 1.3, "topp": 0.95, "eos": True}]
+
+
+@pytest.mark.parametrize("rules", RULES)
+@pytest.mark.parametrize("order", ["prob", "total_prob"])
+def test_ranking_with_a_regex_prefix_on_smollm2(smol, rules, order):
+    prefix = "The (man|woman) was trained in"
+    check_ranking(smol, prefix + " (art|science|math|law|medicine)", prefix, CANON, order, rules)
+
+
+@pytest.mark.parametrize("rules", [{}, {"topk": 20000, "eos": True}])
+@pytest.mark.parametrize("order", ["prob", "total_prob"])
+def test_ranking_over_all_tokenizations(tiny, rules, order):
+    check_ranking(tiny, "A (cat|dog) (sat|ran)", "A (cat|dog)", ALL, order, rules)
+
+
+@pytest.mark.parametrize("order", ["prob", "total_prob"])
+def test_ranking_with_prefixes_of_one_another(tiny, order):
+    # the prefix language a|b|bb|bbb is not prefix-free: each string takes its longest prefix
+    check_ranking(tiny, "(a|b|bb|bbb) (c|d)x?", "(a|b|bb|bbb)", CANON, order, {})
+
+
+def test_ranking_without_prefix_and_with_edits(tiny):
+    check_ranking(tiny, "It is (red|blue)", None, CompileOptions(edits=1, edit_alphabet="xy"), "prob", {})
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 64])
+def test_batch_size_does_not_change_the_rows(tiny, batch_size):
+    ta = compile("The (man|woman) (ran|sat|is|was) (here|there)", tiny.vocabulary, "The (man|woman)")
+    ref = [(r.tokens, r.logprob) for r in execute(ta, tiny, ShortestPath(batch_size=7))]
+    got = [(r.tokens, r.logprob) for r in execute(ta, tiny, ShortestPath(batch_size=batch_size))]
+    assert [t for t, _ in got] == [t for t, _ in ref]
+    assert np.allclose([lp for _, lp in got], [lp for _, lp in ref], atol=1e-5)
+
+
+def test_eviction_and_recomputation_give_the_same_rows(tiny):
+    ta = compile("The (man|woman) (ran|sat|is|was) (here|there|now)", tiny.vocabulary, "The (man|woman)")
+    ref = [(r.tokens, r.logprob) for r in execute(ta, tiny, ShortestPath(batch_size=4))]
+    budget = tiny.kv_budget
+    try:
+        tiny.kv_budget = 1  # every block is dropped as soon as it is made
+        before = tiny.stats.recomputed
+        got = [(r.tokens, r.logprob) for r in execute(ta, tiny, ShortestPath(batch_size=4))]
+        assert tiny.stats.recomputed > before
+    finally:
+        tiny.kv_budget = budget
+    assert [t for t, _ in got] == [t for t, _ in ref]
+    assert np.allclose([lp for _, lp in got], [lp for _, lp in ref], atol=1e-5)
+
+
+def test_one_token_per_expanded_node(tiny):
+    ta = compile("The (man|woman) was (here|there|gone)", tiny.vocabulary, "The (man|woman)")
+    before = (tiny.stats.calls, tiny.stats.tokens)
+    rows = list(execute(ta, tiny, ShortestPath(batch_size=1)))
+    calls, tokens = tiny.stats.calls - before[0], tiny.stats.tokens - before[1]
+    assert rows and tokens == calls  # batch size 1: one token per call (the first is the start token)
+
+
+def test_results_stream_before_the_search_ends(tiny):
+    ta = compile("[a-z ]+", tiny.vocabulary)
+    before = tiny.stats.calls
+    rows = execute(ta, tiny, ShortestPath(batch_size=4, max_tokens=30))
+    first = next(rows)
+    assert tiny.stats.calls - before < 50
+    assert first.rank == 1
+    rows.close()
+
+
+def test_max_tokens_bounds_infinite_languages(tiny):
+    ta = compile("(ab|c)+", tiny.vocabulary, None, ALL)
+    rows = list(execute(ta, tiny, ShortestPath(max_tokens=3)))
+    assert rows and all(len(r.tokens) <= 3 for r in rows)
+    assert len(rows) == len({r.tokens for r in rows})
+    brute = ranking(tiny, [(t, 0) for t, _ in _paths_upto(ta, 3)])
+    assert len(rows) == len(brute)
+
+
+def _paths_upto(ta, n):
+    out, stack = [], [(ta.start, ())]
+    while stack:
+        s, toks = stack.pop()
+        if ta.is_final(s) and toks:
+            out.append((toks, 0))
+        if len(toks) < n:
+            a = ta.arcs(s)
+            stack.extend((int(t2), toks + (int(t1),)) for t1, t2 in zip(a.tokens, a.targets))
+    return out
+
+
+def test_relm_top1_check(smol):
+    """ReLM's model-level check: a( b)? with top-k 1: without a prefix "a" itself must be the
+    model's first choice; with prefix "a" it is given, and " b" must be the first choice after it."""
+    enc = smol.vocabulary.encode
+    lp0 = step_logprobs(smol, [])
+    lp1 = step_logprobs(smol, enc("a"))
+    a_top = int(np.argmax(lp0[0])) == enc("a")[0]
+    b_top = int(np.argmax(lp1[-1])) == enc(" b")[0]
+    ta = compile("a( b)?", smol.vocabulary)
+    rows = list(execute(ta, smol, ShortestPath(), Decoding(topk=1)))
+    assert len(rows) == (a_top + (a_top and b_top))
+    ta = compile("a( b)?", smol.vocabulary, "a")
+    rows = list(execute(ta, smol, ShortestPath(), Decoding(topk=1)))
+    assert [r.text for r in rows][:1] == ["a"] and rows[0].prob == 1.0
+    assert len(rows) == 1 + b_top
+
+
+def test_cancellation_stops_between_model_calls(tiny):
+    ta = compile("[a-z]+", tiny.vocabulary)
+    cancel = threading.Event()
+    rows = execute(ta, tiny, ShortestPath(batch_size=2, max_tokens=20), cancel=cancel)
+    next(rows)
+    cancel.set()
+    with pytest.raises(Cancelled):
+        next(rows)
+
+
+def test_prob_order_with_an_explosive_prefix_is_a_clear_error(tiny):
+    ta = compile("[ab]{1,12} c", tiny.vocabulary, "[ab]{1,12}", ALL)
+    with pytest.raises(ExecutionError, match="every prefix") as info:
+        next(execute(ta, tiny, ShortestPath(max_prefix_nodes=50)))
+    assert "total_prob" in info.value.hint
+    assert next(execute(ta, tiny, ShortestPath(order="total_prob"))).rank == 1
+
+
+def test_bad_options_are_errors(tiny):
+    ta = compile("a", tiny.vocabulary)
+    for rules in [Decoding(topk=0), Decoding(topp=1.5), Decoding(temperature=0)]:
+        with pytest.raises(ExecutionError):
+            next(execute(ta, tiny, ShortestPath(), rules))
+    with pytest.raises(ExecutionError):
+        next(execute(ta, tiny, ShortestPath(order="prob DESC")))
+    with pytest.raises(ExecutionError):
+        next(execute(ta, tiny, Sample(3, mode="biased")))
+
+
+# ---------------------------------------------------------------- sampling
+
+
+def exact_conditional(model, paths, eos=False, **rules):
+    """P(string | prefix, language) for a finite language with one prefix path."""
+    scored = {t: math.exp(ranking(model, [(t, n)], "prob", eos, **rules)[0][0])
+              for t, n in paths if ranking(model, [(t, n)], "prob", eos, **rules)}
+    z = sum(scored.values())
+    return {t: p / z for t, p in scored.items()}
+
+
+def local_distribution(model, ta, paths, **rules):
+    """The locally renormalized sampler's exact distribution, step by step."""
+    out = {}
+    for toks, n in paths:
+        lp = step_logprobs(model, toks)
+        state, prob = ta.start, 1.0
+        for i, t in enumerate(toks):
+            arcs = ta.arcs(state)
+            if i >= n:
+                allowed = arcs.tokens[~arcs.prefix]
+                r = np.exp(rules_logprobs(lp[i], **rules))
+                prob *= r[t] / r[allowed].sum()
+            k = int(np.flatnonzero((arcs.tokens == t) & (arcs.prefix == (i < n)))[0])
+            state = int(arcs.targets[k])
+        out[toks] = prob
+    return out
+
+
+def chi_square_p(counts: Counter, probs: dict, n: int) -> float:
+    keys = sorted(probs)
+    obs = np.array([counts.get(k, 0) for k in keys], float)
+    exp = np.array([probs[k] * n for k in keys])
+    assert obs.sum() == n
+    return sstats.chisquare(obs, exp).pvalue
+
+
+COLOR = ("My favourite colour is", " (red|blue|green|black|white|yellow)")
+
+
+def test_local_sampling_follows_its_distribution(smol):
+    prefix, rest = COLOR
+    ta = compile(prefix + rest, smol.vocabulary, prefix)
+    paths = enumerate_paths(ta)
+    want = local_distribution(smol, ta, paths)
+    rows = list(execute(ta, smol, Sample(600, seed=1)))
+    assert [r.rank for r in rows] == list(range(1, 601))
+    assert chi_square_p(Counter(r.tokens for r in rows), want, 600) > 0.001
+
+
+def test_exact_sampling_follows_the_conditional_distribution(smol):
+    prefix, rest = COLOR
+    ta = compile(prefix + rest, smol.vocabulary, prefix)
+    want = exact_conditional(smol, enumerate_paths(ta))
+    rows = list(execute(ta, smol, Sample(400, seed=2, mode="exact", batch_size=64)))
+    assert chi_square_p(Counter(r.tokens for r in rows), want, 400) > 0.001
+
+
+def test_prefixes_are_drawn_uniformly(tiny):
+    ta = compile("(a|b|bb|bbb)!", tiny.vocabulary, "a|b|bb|bbb")
+    rows = list(execute(ta, tiny, Sample(800, seed=3)))
+    counts = Counter(r.prefix for r in rows)
+    assert set(counts) == {"a", "b", "bb", "bbb"}
+    assert chi_square_p(counts, {k: 0.25 for k in counts}, 800) > 0.001
+
+
+def test_unbiased_estimates_converge_where_local_renormalization_does_not(smol):
+    # local renormalization takes " the" without looking ahead, so " the zoo" gets the mass of
+    # " the" (and " xylophone" is no real rival): it is drawn far more often than the model
+    # would produce it
+    prefix = "Yesterday I went to"
+    ta = compile(prefix + " (the zoo|the xylophone|school|church)", smol.vocabulary, prefix)
+    paths = enumerate_paths(ta)
+    exact = exact_conditional(smol, paths)
+    local = local_distribution(smol, ta, paths)
+    target = max(exact, key=lambda t: abs(exact[t] - local[t]))
+    assert abs(exact[target] - local[target]) > 0.3, "the example must show the bias"
+    n = 400
+    naive = sum(r.tokens == target for r in execute(ta, smol, Sample(n, seed=4))) / n
+    exact_freq = sum(r.tokens == target for r in execute(ta, smol, Sample(n, seed=4, mode="exact"))) / n
+    tol = 4 * math.sqrt(exact[target] * (1 - exact[target]) / n)
+    assert abs(exact_freq - exact[target]) < tol
+    assert abs(naive - local[target]) < 0.05 and abs(naive - exact[target]) > 5 * tol
+
+
+def test_importance_weights_estimate_the_language_probability(smol):
+    prefix, rest = COLOR
+    ta = compile(prefix + rest, smol.vocabulary, prefix)
+    paths = enumerate_paths(ta)
+    rows = list(execute(ta, smol, Sample(400, seed=6)))
+    p_lang = sum(math.exp(ranking(smol, [(t, n)], "prob")[0][0]) for t, n in paths)
+    assert abs(np.mean([r.weight for r in rows]) - p_lang) < 0.05 * p_lang
+    exact = exact_conditional(smol, paths)
+    total = sum(r.weight for r in rows)
+    for toks, p in exact.items():
+        est = sum(r.weight for r in rows if r.tokens == toks) / total
+        assert abs(est - p) < 4 * math.sqrt(p * (1 - p) / 400) + 0.01
+
+
+def test_samples_are_reproducible_and_independent_of_batching(tiny):
+    ta = compile("The (man|woman) (ran|sat|is)( here)?", tiny.vocabulary, "The (man|woman)")
+    a = [r.tokens for r in execute(ta, tiny, Sample(30, seed=9, batch_size=4))]
+    b = [r.tokens for r in execute(ta, tiny, Sample(30, seed=9, batch_size=16))]
+    c = [r.tokens for r in execute(ta, tiny, Sample(30, seed=10, batch_size=16))]
+    assert a == b and a != c
+
+
+def test_sample_rows_are_members(smol):
+    prefix = "The (man|woman) was trained in"
+    ta = compile(prefix + " (art|science|math|law|medicine)", smol.vocabulary, prefix,
+                 CompileOptions(edits=1))
+    for r in execute(ta, smol, Sample(40, seed=5), Decoding(topk=40)):
+        assert ta.accepts(list(r.tokens), r.prefix_tokens)
+        assert r.edits in (0, 1) and r.weight > 0
+        assert r.text == r.prefix + r.completion
+
+
+def test_exact_sampling_gives_up_on_improbable_languages(tiny):
+    ta = compile("zq[0-9]{6}", tiny.vocabulary)
+    with pytest.raises(ExecutionError, match="too improbable"):
+        list(execute(ta, tiny, Sample(2, mode="exact", max_draws=50)))
