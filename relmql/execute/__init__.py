@@ -13,7 +13,7 @@ from ..models.base import LanguageModel
 from .options import Cancelled, Decoding, ExecutionError, Sample, ShortestPath
 from .rows import COLUMNS, Row
 from .sampling import SampleStats, sample
-from .shortest import shortest_path
+from .shortest import SearchStats, shortest_path
 
 Traversal = Union[ShortestPath, Sample]
 
@@ -31,4 +31,4 @@ def execute(automaton: TokenAutomaton, model: LanguageModel, traversal: Traversa
 
 
 __all__ = ["execute", "shortest_path", "sample", "ShortestPath", "Sample", "Decoding", "Row", "COLUMNS",
-           "Cancelled", "ExecutionError", "SampleStats"]
+           "Cancelled", "ExecutionError", "SampleStats", "SearchStats"]

@@ -34,7 +34,7 @@ import torch
 
 from ..automata.tokens import TokenAutomaton
 from ..models.base import LanguageModel, ModelState
-from .decoding import completion_logprobs
+from .decoding import RuleScores
 from .options import Cancelled, Decoding, ExecutionError, Sample
 from .rows import Row, make_row
 
@@ -137,13 +137,17 @@ def sample(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opt
         done[w.index] = make_row(vocab, toks, len(w.prefix), cond, w.pre_raw + cond, edits, w.index + 1,
                                  1.0 if exact else w.weight)
 
-    def rule_row(st: ModelState):
-        """The decoding rules applied to a state's distribution (cached on the state)."""
-        got = getattr(st, "_rule", None)
+    def rule_scores(st: ModelState) -> RuleScores:
+        """The decoding rules on a state's distribution (cached on the state)."""
+        got = getattr(st, "_rules", None)
         if got is None:
-            got = completion_logprobs(st.logprobs[None], rules)[0]
-            st._rule = got
+            got = st._rules = RuleScores(st.logprobs[None], rules)
         return got
+
+    def rule_at(st: ModelState, toks: np.ndarray) -> np.ndarray:
+        scores = rule_scores(st)
+        t = torch.from_numpy(np.asarray(toks, np.int64)).to(scores.x.device)
+        return scores.at(torch.zeros_like(t), t).double().cpu().numpy()
 
     def draw(w: _Walker):
         """One step of a walker: ("end", None), ("token", t) or ("reject", zero_mass)."""
@@ -158,21 +162,20 @@ def sample(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opt
         if len(w.tokens) >= opts.max_tokens:
             toks = toks[:0]  # no room for more tokens: only the end of text remains
         can_end = final and eos is not None
-        row = rule_row(w.state)
         if exact:
-            t = _draw_full(w.rng, w.state, row)
+            t = _draw_full(w.rng, w.state, rule_scores(w.state))
             if t == eos and can_end:
-                finish(w, edits, float(row[eos]))
+                finish(w, edits, float(rule_at(w.state, [eos])[0]))
                 return "end", None
             hit = np.flatnonzero(toks == t) if t != eos else []
             if not len(hit):
                 return "reject", False
             k = int(hit[0])
-            lp = float(row[t])
+            lp = float(rule_at(w.state, [t])[0])
         else:
-            lps = row[torch.from_numpy(toks.astype(np.int64)).to(row.device)].double().cpu().numpy() \
-                if len(toks) else np.zeros(0)
-            options = np.concatenate([lps, [float(row[eos])]]) if can_end else lps
+            options = rule_at(w.state, np.concatenate([toks, [eos]]) if can_end else toks) \
+                if len(toks) or can_end else np.zeros(0)
+            lps = options[:len(toks)]
             p = np.exp(options)
             z = p.sum()
             if not z > 0:
@@ -248,10 +251,10 @@ def sample(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opt
             next_out += 1
 
 
-def _draw_full(rng: random.Random, state: ModelState, row: torch.Tensor) -> int:
+def _draw_full(rng: random.Random, state: ModelState, scores: RuleScores) -> int:
     """One token from a whole (rule-adjusted) next-token distribution (its cumulative sums are
     cached on the state, which rejection sampling draws from again and again)."""
     c = getattr(state, "_cdf", None)
     if c is None:
-        c = state._cdf = np.cumsum(torch.exp(row.double()).cpu().numpy())
+        c = state._cdf = np.cumsum(torch.exp(scores.full()[0].double()).cpu().numpy())
     return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(c) - 1))

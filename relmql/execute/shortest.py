@@ -22,6 +22,7 @@ import heapq
 import itertools
 import math
 import threading
+from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
 import numpy as np
@@ -29,7 +30,7 @@ import torch
 
 from ..automata.tokens import TokenAutomaton
 from ..models.base import LanguageModel, ModelState
-from .decoding import completion_logprobs
+from .decoding import RuleScores
 from .options import Cancelled, Decoding, ExecutionError, ShortestPath
 from .rows import Row, make_row
 
@@ -59,10 +60,20 @@ class _Node:
         return out
 
 
+@dataclass
+class SearchStats:
+    """Nodes expanded (each costs the model one token: the start-of-text token for the root),
+    how many of them were prefix nodes, and rows released."""
+    expanded: int = 0
+    prefix: int = 0
+    rows: int = 0
+
+
 def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opts: ShortestPath,
-                  cancel: Optional[threading.Event] = None) -> Iterator[Row]:
+                  cancel: Optional[threading.Event] = None, stats: Optional[SearchStats] = None) -> Iterator[Row]:
     """Rows in non-increasing order of ``opts.order``, exactly, as soon as each is certain."""
     rules, opts = rules.check(), opts.check()
+    stats = stats if stats is not None else SearchStats()
     by_prob = opts.order == "prob"
     eos = model.eos_id
     vocab = model.vocabulary
@@ -106,37 +117,67 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
             return False
         return len(automaton.arcs(node.state)) > 0
 
+    def forced(node: _Node):
+        """The token and state of a prefix node's only way on, if it has exactly one and the text
+        cannot end at it."""
+        if not node.prefix or node.npre >= opts.max_tokens or automaton.is_final(node.state):
+            return None
+        arcs = automaton.arcs(node.state)
+        if len(arcs) != 1 or not arcs.prefix[0]:
+            return None
+        return int(arcs.tokens[0]), int(arcs.targets[0])
+
     def consider(node: _Node, batch: list):
-        """A node just taken from the queue: release its result (without eos) and queue its expansion."""
+        """A node just taken from the queue: release its result (without eos) and queue its
+        expansion, through any chain of forced prefix tokens below it (one model call for all)."""
         if not rules.eos:
             edits = automaton.final_edits(node.state)
             if edits >= 0:
                 push(result_key(node.pre_raw, node.cond), _RESULT, node, edits)
-        if expandable(node):
-            batch.append((node, 0))
+        chain = [node]
+        step = forced(node)
+        while step is not None:
+            nxt = _Node(chain[-1], step[0], step[1], True, chain[-1].npre + 1, 0, chain[-1].pre_raw, 0.0, None)
+            chain.append(nxt)
+            step = forced(nxt)
+        if len(chain) > 1 or expandable(node):
+            batch.append((chain, 0))  # a chain is read even to its end, for its probabilities
 
     def expand(batch: list):
         nonlocal prefix_expanded
         parents, toks_in = [], []
-        for node, _ in batch:
-            if node.parent is None:
+        for chain, _ in batch:
+            head = chain[0]
+            fed = [n.token for n in chain if n.token is not None]
+            if head.parent is None:
                 parents.append(None)
-                toks_in.append([])
             else:
-                p = node.parent
+                p = head.parent
                 parents.append(ModelState((model.bos_id, *p.tokens()), None, None, p.cache))
-                toks_in.append([node.token])
+            toks_in.append(fed)
         outs = model.extend(parents, toks_in)
+        stats.expanded += sum(len(chain) for chain, chunk in batch if chunk == 0)
+        for (chain, _), out in zip(batch, outs):
+            if len(chain) > 1:  # forced prefix tokens read in one go: their probabilities
+                for n, lp in zip(chain[1:], out.token_logprobs[-(len(chain) - 1):]):
+                    n.pre_raw = n.parent.pre_raw + float(lp)
+                    n.key = node_key(n.pre_raw, 0.0, True)
+                prefix_expanded += len(chain) - 1
+                if not rules.eos:
+                    edits = automaton.final_edits(chain[-1].state)
+                    if edits >= 0:
+                        push(result_key(chain[-1].pre_raw, 0.0), _RESULT, chain[-1], edits)
+        batch = [(chain[-1], chunk) for chain, chunk in batch]
         raw = torch.stack([o.logprobs for o in outs])
-        rule = completion_logprobs(raw, rules)
+        scores = RuleScores(raw, rules)
         arcs = [automaton.arcs(node.state) for node, _ in batch]
         rows_idx = np.repeat(np.arange(len(batch)), [len(a) for a in arcs])
         cols = np.concatenate([a.tokens for a in arcs]) if len(rows_idx) else np.zeros(0, np.int64)
         r_t, c_t = torch.from_numpy(rows_idx).to(raw.device), torch.from_numpy(cols.astype(np.int64)).to(raw.device)
         raw_all = raw[r_t, c_t].double().cpu().numpy()
-        rule_all = rule[r_t, c_t].double().cpu().numpy()
-        eos_raw = raw[:, eos].double().cpu().numpy() if eos is not None else None
-        eos_rule = rule[:, eos].double().cpu().numpy() if eos is not None else None
+        rule_all = scores.at(r_t, c_t).double().cpu().numpy()
+        every = torch.arange(len(batch), device=raw.device)
+        eos_rule = scores.at(every, torch.full_like(every, eos)).double().cpu().numpy() if eos is not None else None
         start = 0
         for b, ((node, chunk), out, a) in enumerate(zip(batch, outs, arcs)):
             if node.cache is None:
@@ -167,6 +208,7 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
             node.more = chunk + CHUNK if chunk + CHUNK < len(t) else 0
             if node.kid_keys:
                 push(node.kid_keys[0], _CHILD, node, 0)
+        stats.prefix = prefix_expanded
         if by_prob and prefix_expanded > opts.max_prefix_nodes:
             raise ExecutionError(
                 f"ORDER BY prob needs the distribution after every prefix, and this prefix has more than "
@@ -181,25 +223,34 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
     while batch or heap:
         if cancel is not None and cancel.is_set():
             raise Cancelled("the query was cancelled")
+        held = []
         while heap and len(batch) < opts.batch_size:
             key, _, kind, node, arg = heap[0]
             if kind == _RESULT:
-                if batch:
-                    break  # cheaper nodes in the batch must be expanded first
+                if batch or held:
+                    # cheaper nodes in the batch must be expanded first; meanwhile fill the batch
+                    # with the next nodes (the model call costs about the same)
+                    held.append(heapq.heappop(heap))
+                    continue
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled("the query was cancelled")
                 heapq.heappop(heap)
                 cond = -key[1] if by_prob else -key[1] - node.pre_raw
                 yield row(node, cond, arg)
                 found += 1
+                stats.rows = found
                 if opts.limit is not None and found >= opts.limit:
                     return
                 continue
             heapq.heappop(heap)
             if kind == _MORE:
-                batch.append((node, arg))
+                batch.append(([node], arg))
                 continue
             child = materialize(node, arg)
             next_sibling(node, arg)
             consider(child, batch)
+        for entry in held:
+            heapq.heappush(heap, entry)
         if batch:
             expand(batch)
             batch = []

@@ -189,9 +189,10 @@ class TransformersModel(LanguageModel):
         nxt[:, :-1] = ids[:, 1:].to(dev)
         within = torch.gather(logprobs, 2, nxt.unsqueeze(-1)).squeeze(-1).double().cpu().numpy()
         states = []
+        # the new tokens' keys and values of the whole batch in one tensor; blocks are views
+        fresh = torch.stack([t for k, v in layers for t in (k[:, :, P:], v[:, :, P:])], 1)
         for b, (prev, chain, new, known) in enumerate(seqs):
-            lo, hi = P, P + len(new)
-            kv = torch.stack([t for k, v in layers for t in (k[b, :, lo:hi], v[b, :, lo:hi])], 0)
+            kv = fresh[b, :, :, :len(new)]
             parent = chain[-1] if chain else None
             block = KVBlock(parent, kv, len(new), (parent.length if parent else 0) + len(new))
             self._register(block)
