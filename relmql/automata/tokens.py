@@ -31,6 +31,7 @@ from .trie import VocabTrie, trie_for
 
 TOKENIZATIONS = ("canonical", "all")
 CACHE_ENTRIES = 20_000_000  # transitions kept per automaton (about 160 MB)
+LOOKAHEAD = 3  # tokens looked ahead for a way on where BPE's pair rule could block the next token
 
 
 @dataclass
@@ -43,6 +44,14 @@ class Arcs:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @property
+    def n_prefix(self) -> int:
+        """Prefix arcs come first (each part sorted by token)."""
+        got = self.__dict__.get("_n_prefix")
+        if got is None:
+            got = self.__dict__["_n_prefix"] = int(self.prefix.sum())
+        return got
 
 
 @dataclass
@@ -99,7 +108,7 @@ class TokenAutomaton:
         self._dfa_cache = _Lru(CACHE_ENTRIES)
         self._arcs_cache = _Lru(CACHE_ENTRIES)
         self._live_cache: Dict[tuple, object] = {}
-        self._visiting: set = set()
+        self._alive_memo: Dict[tuple, bool] = {}
         self._counts: Dict[Tuple[int, int, bool], int] = {}
 
     # -- packing
@@ -223,9 +232,24 @@ class TokenAutomaton:
         return state
 
     def _region_arcs(self, q: int, tau: int, lam: int, region: int) -> Tuple[np.ndarray, np.ndarray]:
-        toks, tq = self._dfa_arcs(q)
         if not self.canonical[region]:
-            return toks, tq
+            return self._dfa_arcs(q)
+        toks, tq, end, lam2, groups = self._step(q, tau, lam, region)
+        keep = np.ones(len(toks), bool)
+        for q2, t2, members in groups:
+            # BPE's pair rule may block every next token: look a few tokens ahead for a way on
+            # (for a crowd of siblings only where few tokens could come next at all)
+            if len(members) <= 64 or (self._pair_can_block(q2, t2, region) and self._few_arcs(q2, 32)):
+                for m in members.tolist():
+                    keep[m] = self._alive(int(self._pack(q2, t2, lam2[m])), region, LOOKAHEAD)
+        toks, tq, end, lam2 = toks[keep], tq[keep], end[keep], lam2[keep]
+        return toks, self._pack(tq, end, lam2)
+
+    def _step(self, q: int, tau: int, lam: int, region: int):
+        """The tokens allowed from (q, tau, lam) in a canonical region, with their byte state,
+        tracker state and right-edge class, keeping those whose (byte state, tracker state) can
+        still finish the region; and the children grouped by (byte state, tracker state)."""
+        toks, tq = self._dfa_arcs(q)
         pairs, tracker = self.pairs, self.tracker
         keep = pairs.self_canonical[toks]
         ok = np.ones(len(toks), bool) if lam == 0 else ~pairs.forbidden_after(lam)[toks]
@@ -237,6 +261,7 @@ class TokenAutomaton:
         keep &= end >= 0
         toks, tq, end = toks[keep], tq[keep], end[keep]
         lam2 = pairs.right_class[toks]
+        groups = []
         if len(toks):
             pairs_qt = tq.astype(np.int64) * (1 << 40) + end
             uniq, inv = np.unique(pairs_qt, return_inverse=True)
@@ -246,57 +271,53 @@ class TokenAutomaton:
             for u, key in enumerate(uniq.tolist()):
                 q2, t2 = key >> 40, key & ((1 << 40) - 1)
                 members = by_group[bounds[u]:bounds[u + 1]]
-                if not self._live(q2, t2, region):
+                if self._live(q2, t2, region):
+                    groups.append((q2, t2, members))
+                else:
                     keep[members] = False
-                    continue
-                if self._next_needs_pair(q2, t2, region) is not None:
-                    # only a few next tokens, all inside this chunk: each child must have a way on
-                    for m in members.tolist():
-                        keep[m] = self._has_way_on(int(self._pack(q2, t2, lam2[m])))
-            toks, tq, end, lam2 = toks[keep], tq[keep], end[keep], lam2[keep]
-        return toks, self._pack(tq, end, lam2)
+            if not keep.all():
+                remap = np.cumsum(keep) - 1
+                groups = [(q2, t2, remap[m]) for q2, t2, m in groups]
+                toks, tq, end, lam2 = toks[keep], tq[keep], end[keep], lam2[keep]
+        return toks, tq, end, lam2, groups
 
-    def _has_way_on(self, state: int) -> bool:
-        """Whether the text may end at ``state`` or some token leads on from it (recursively, so
-        that chains of forced tokens that end in a pair BPE never produces are cut)."""
-        if self.is_final(state):
-            return True
-        if state in self._visiting:
-            return True  # a cycle of forced tokens: assume it can be left
-        self._visiting.add(state)
-        try:
-            return len(self.arcs(state)) > 0
-        finally:
-            self._visiting.discard(state)
+    def _alive(self, state: int, region: int, depth: int) -> bool:
+        """Whether the region's text may end at ``state`` or, looking ``depth`` tokens ahead,
+        some token sequence leads on (chains of forced tokens that end in a pair BPE never
+        produces are cut); beyond ``depth`` a way on is assumed."""
+        key = (state, region, depth)
+        got = self._alive_memo.get(key)
+        if got is not None:
+            return got
+        q, tau, lam = self.unpack(state)
+        result = True
+        if depth > 0 and not self._region_end_ok(q, tau, region):
+            toks, tq, end, lam2, _ = self._step(q, tau, lam, region)
+            result = any(self._alive(int(self._pack(a, b, c)), region, depth - 1)
+                         for a, b, c in zip(tq.tolist(), end.tolist(), lam2.tolist()))
+        self._alive_memo[key] = result
+        return result
 
     def _few_arcs(self, q: int, most: int = 4096) -> bool:
         """Whether at most about ``most`` tokens can leave byte state ``q`` (from its first bytes)."""
         live = self.delta[q, :256] != self.dead
         return int(self.trie.first_byte_weight[live].sum()) <= most
 
-    def _next_needs_pair(self, q: int, tau: int, region: int, small: int = 32):
-        """None when some continuation from (q, tau) cannot be blocked by the previous token;
-        else the few tokens that could come next, each of which must pair with it.
-
-        A token whose boundary may turn out to be a chunk boundary, or the end of the region,
-        frees the continuation from the pair test; with more than ``small`` candidates (or a
-        byte state that thousands of tokens leave), one of them is assumed to pair (BPE forbids
-        about 3% of pairs)."""
-        key = (q, tau, region, "next")
-        if key in self._live_cache:
-            return self._live_cache[key]
-        result = None
-        if not self._region_end_ok(q, tau, region) and self._few_arcs(q):
-            toks, _ = self._dfa_arcs(q)
-            toks = toks[self.pairs.self_canonical[toks]]
-            t_ok, t_bad = self.tracker.boundary(np.array([tau, tau]), np.array([True, False]))
-            free = t_bad >= 0 and (self._tracker_ends(int(t_bad), toks) >= 0).any()
-            if not free:
-                ok = toks[self._tracker_ends(int(t_ok), toks) >= 0] if t_ok >= 0 else toks[:0]
-                if len(ok) <= small:
-                    result = ok.tolist()
-        self._live_cache[key] = result
-        return result
+    def _pair_can_block(self, q: int, tau: int, region: int) -> bool:
+        """Whether the token after (q, tau) must pair with the token before it: the region
+        cannot end here and no next token may start a new chunk. States that thousands of
+        tokens leave are assumed free (BPE forbids about 3% of pairs)."""
+        key = (q, tau, region, "block")
+        got = self._live_cache.get(key)
+        if got is None:
+            got = False
+            if not self._region_end_ok(q, tau, region) and self._few_arcs(q):
+                toks, _ = self._dfa_arcs(q)
+                toks = toks[self.pairs.self_canonical[toks]]
+                t_bad = int(self.tracker.boundary(np.array([tau]), np.array([False]))[0])
+                got = not (t_bad >= 0 and (self._tracker_ends(t_bad, toks) >= 0).any())
+            self._live_cache[key] = got
+        return got
 
     def _live(self, q: int, tau: int, region: int, budget: int = 4000) -> bool:
         """Whether some continuation of the region's text lets the tokenizer's chunking agree

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from typing import List, Optional
 
+import numpy as np
 import torch
 
 from .options import Decoding
@@ -16,44 +18,51 @@ class RuleScores:
     As transformers' samplers do: divide the logits by the temperature, keep the ``topk`` most
     probable tokens (ties with the k-th kept), then the smallest most-probable set whose
     probability reaches ``topp``, and renormalize over what is kept. Per distribution this needs
-    only a threshold and a normalizer.
+    only a threshold and a normalizer; ``kept[b]`` lists the tokens row ``b`` keeps (sorted), when
+    top-k or top-p make that a short list.
     """
 
     def __init__(self, logprobs: torch.Tensor, rules: Decoding):
         self.rules = rules
         x = logprobs if rules.temperature == 1 else logprobs / rules.temperature
         self.x = x
-        rows = x.shape[0]
+        rows, vocab = x.shape
+        self.kept: Optional[List[Optional[np.ndarray]]] = None
         self.threshold = torch.full((rows,), -math.inf, dtype=x.dtype, device=x.device)
         if rules.topk is None and rules.topp is None:
             self.lse = torch.logsumexp(x, dim=-1) if rules.temperature != 1 else torch.zeros_like(self.threshold)
             return
-        k = min(rules.topk or x.shape[-1], x.shape[-1])
+        k = min(rules.topk or vocab, vocab)
+        count = torch.full((rows,), k, dtype=torch.long, device=x.device)
         if rules.topp is not None and rules.topp < 1:
-            # grow a top-k window until it holds probability topp (or reaches k)
-            lse_all = torch.logsumexp(x, dim=-1, keepdim=True)
-            window = min(k, 64)
+            if rules.topk is not None:
+                base = torch.logsumexp(torch.topk(x, k, dim=-1).values, dim=-1, keepdim=True)
+            else:
+                base = torch.logsumexp(x, dim=-1, keepdim=True)
+            window = min(k, 64)  # grow a window of the most probable tokens until it holds topp
             while True:
-                vals = torch.topk(x, window, dim=-1).values
-                if rules.topk is not None:
-                    base = torch.logsumexp(torch.topk(x, k, dim=-1).values, dim=-1, keepdim=True)
-                else:
-                    base = lse_all
-                probs = torch.exp(vals - base)
+                probs = torch.exp(torch.topk(x, window, dim=-1).values - base)
                 before = torch.cumsum(probs, dim=-1) - probs
-                enough = (before[:, -1] >= rules.topp) | (window >= k)
-                if bool(enough.all()):
+                if bool((before[:, -1] >= rules.topp).all()) or window >= k:
                     break
                 window = min(k, window * 4)
-            keep = before < rules.topp
-            keep[:, 0] = True
-            count = keep.sum(dim=-1)
-            self.threshold = vals.gather(1, (count - 1).unsqueeze(1)).squeeze(1)
-        else:
-            vals = torch.topk(x, k, dim=-1).values
-            self.threshold = vals[:, -1]
-        masked = x.masked_fill(x < self.threshold.unsqueeze(1), -math.inf)
-        self.lse = torch.logsumexp(masked, dim=-1)
+            count = (before < rules.topp).sum(dim=-1).clamp(min=1)
+        width = int(count.max())
+        vals, idx = torch.topk(x, min(width + 1, vocab), dim=-1)
+        self.threshold = vals.gather(1, (count - 1).unsqueeze(1)).squeeze(1)
+        keep = torch.arange(width, device=x.device).unsqueeze(0) < count.unsqueeze(1)
+        self.lse = torch.logsumexp(vals[:, :width].masked_fill(~keep, -math.inf), dim=-1)
+        # transformers keeps tokens tied with the last one kept: rare, handled over the whole row
+        nxt = vals.gather(1, count.clamp(max=vals.shape[1] - 1).unsqueeze(1)).squeeze(1)
+        tied = (nxt == self.threshold) & (count < vocab)
+        if bool(tied.any()):
+            r = tied.nonzero().flatten()
+            masked = x[r].masked_fill(x[r] < self.threshold[r].unsqueeze(1), -math.inf)
+            self.lse[r] = torch.logsumexp(masked, dim=-1)
+        ids = idx.cpu().numpy()
+        counts = count.cpu().tolist()
+        tied_rows = tied.cpu().tolist()
+        self.kept = [None if tied_rows[b] else np.sort(ids[b, :counts[b]]) for b in range(rows)]
 
     def at(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Rule log-probabilities of ``tokens[i]`` in distribution ``rows[i]``."""

@@ -28,7 +28,7 @@ from typing import Iterator, List, Optional
 import numpy as np
 import torch
 
-from ..automata.tokens import TokenAutomaton
+from ..automata.tokens import Arcs, TokenAutomaton
 from ..models.base import LanguageModel, ModelState
 from .decoding import RuleScores
 from .options import Cancelled, Decoding, ExecutionError, ShortestPath
@@ -67,6 +67,21 @@ class SearchStats:
     expanded: int = 0
     prefix: int = 0
     rows: int = 0
+
+
+def candidates(arcs: Arcs, kept: Optional[np.ndarray]) -> Arcs:
+    """The arcs worth scoring: every prefix arc (exempt from the rules), and the completion arcs
+    whose token the rules keep (all of them when ``kept`` is None)."""
+    if kept is None:
+        return arcs
+    n = arcs.n_prefix
+    comp = arcs.tokens[n:]
+    pos = np.searchsorted(comp, kept)
+    inside = pos < len(comp)
+    pos, want = pos[inside], kept[inside]
+    pos = pos[comp[pos] == want]
+    sel = np.concatenate([np.arange(n), n + pos])
+    return Arcs(arcs.tokens[sel], arcs.targets[sel], arcs.prefix[sel])
 
 
 def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opts: ShortestPath,
@@ -170,7 +185,8 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
         batch = [(chain[-1], chunk) for chain, chunk in batch]
         raw = torch.stack([o.logprobs for o in outs])
         scores = RuleScores(raw, rules)
-        arcs = [automaton.arcs(node.state) for node, _ in batch]
+        arcs = [candidates(automaton.arcs(node.state), scores.kept[b] if scores.kept else None)
+                for b, (node, _) in enumerate(batch)]
         rows_idx = np.repeat(np.arange(len(batch)), [len(a) for a in arcs])
         cols = np.concatenate([a.tokens for a in arcs]) if len(rows_idx) else np.zeros(0, np.int64)
         r_t, c_t = torch.from_numpy(rows_idx).to(raw.device), torch.from_numpy(cols.astype(np.int64)).to(raw.device)

@@ -207,18 +207,19 @@ class TransformersModel(LanguageModel):
         return states
 
     def _batch_cache(self, chains, past_len, P):
+        """The batch's past keys and values, left-padded to ``P``, built with one concatenation."""
         from transformers import DynamicCache
-        some = next(c for c in chains if c is not None)
-        ref = some[0].kv
-        full = ref.new_zeros((len(chains), ref.shape[0], ref.shape[1], P, ref.shape[3]))
-        for b, chain in enumerate(chains):
-            if chain is None:
-                continue
-            for blk in chain:
+        ref = next(c for c in chains if c is not None)[0].kv
+        pieces = []
+        for chain, n in zip(chains, past_len):
+            if P - n:
+                pieces.append(ref.new_zeros(ref.shape[:2] + (P - n,) + ref.shape[3:]))
+            for blk in chain or ():
                 self._touch(blk)
-            run = torch.cat([blk.kv for blk in chain], dim=2) if len(chain) > 1 else chain[0].kv
-            full[b, :, :, P - past_len[b]:] = run
-        layers = [(full[:, 2 * i], full[:, 2 * i + 1]) for i in range(ref.shape[0] // 2)]
+                pieces.append(blk.kv)
+        full = torch.cat(pieces, dim=2)  # [2 * layers, kv_heads, batch * P, head_dim]
+        full = full.view(ref.shape[0], ref.shape[1], len(chains), P, ref.shape[3])
+        layers = [(full[2 * i].transpose(0, 1), full[2 * i + 1].transpose(0, 1)) for i in range(ref.shape[0] // 2)]
         return DynamicCache(ddp_cache_data=layers, config=self.model.config)
 
     @torch.inference_mode()
