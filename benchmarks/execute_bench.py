@@ -113,8 +113,8 @@ def bench_shortest(model) -> Dict:
         res = {"relmql": relmql_search(model, pattern, prefix, limit, BATCH),
                "relmql batch 1": relmql_search(model, pattern, prefix, limit, 1),
                "relm-style": relm_style_search(model, pattern, prefix, limit)}
-        same = res["relmql"]["texts"][:limit] == res["relmql batch 1"]["texts"][:limit]
-        res["same_rows_at_batch_1"] = same
+        # bfloat16 scores carry noise that depends on how a batch is padded: near-ties may swap
+        res["rows_shared_with_batch_1"] = len(set(res["relmql"]["texts"]) & set(res["relmql batch 1"]["texts"]))
         for r in res.values():
             if isinstance(r, dict):
                 r.pop("texts", None)
@@ -295,6 +295,10 @@ def tables(res: Dict) -> str:
         base = r["relm-style"]
         lines.append(f"| {name} | **ratio relmql / ReLM-style** | **{base['first'] / r['relmql']['first']:.1f}× "
                      f"sooner** | **{r['relmql']['rows_per_s'] / base['rows_per_s']:.1f}×** | | |")
+    lines.append("")
+    lines.append("Rows found both at batch size 32 and at batch size 1: " + ", ".join(
+        f"{name} {r.get('rows_shared_with_batch_1', '?')} of {r['relmql']['rows']}" for name, r in res["shortest"].items())
+        + " (in bfloat16, near-ties can swap with the batch's padding; in float32 the rows are identical).")
     mem = res["memorization"]
     lines += ["", "### URL memorization", "",
               "| engine | samples or rows | unique valid URLs | valid URLs/s | ended on their own | ended/s |",
