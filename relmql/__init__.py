@@ -1,8 +1,28 @@
 """relmql: a declarative query language and engine for validating language models with regular
-expressions."""
+expressions.
+
+    import relmql
+    relmql.sql("SELECT text, prob MATCHING 'The (cat|dog) sat' PREFIX 'The' LIMIT 2").show()
+"""
 
 from .errors import CompileError, Error, ModelError, RegexError
 
 __version__ = "0.1.0"
 
-__all__ = ["Error", "RegexError", "CompileError", "ModelError", "__version__"]
+
+def __getattr__(name):
+    # the API pulls in torch; load it on first use so that `import relmql` stays quick
+    if name in ("connect", "sql", "Connection", "Result"):
+        from . import api
+        return getattr(api, name)
+    if name in ("ParseError",):
+        from .syntax import ParseError
+        return ParseError
+    if name in ("PlanError",):
+        from .plan import PlanError
+        return PlanError
+    raise AttributeError(f"module 'relmql' has no attribute {name!r}")
+
+
+__all__ = ["connect", "sql", "Connection", "Result", "Error", "ParseError", "PlanError", "RegexError",
+           "CompileError", "ModelError", "__version__"]

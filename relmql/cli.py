@@ -1,139 +1,158 @@
-"""The ``relmql`` command.
+"""The ``relmql`` command: scripts, ``-c``, standard input, or the interactive shell.
 
-Until the query language lands, the command runs one query given by flags:
-
-    relmql --matching 'George Washington was born on (July|May) [0-9]{1,2}' \\
-           --prefix 'George Washington was born on' --limit 5
+    relmql examples/birthdays.rql
+    relmql -c "SELECT text, prob MATCHING 'The (cat|dog) sat' PREFIX 'The' LIMIT 2;"
+    echo "SHOW MODELS;" | relmql --format csv
+    relmql                      # the shell
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import os
 import sys
-import time
-from typing import List, Optional
+from pathlib import Path
+from typing import IO, Dict, List, Optional
 
 from . import __version__
 from .errors import Error
 
+EXIT_ERROR, EXIT_CANCELLED = 1, 130
+
 
 def build_parser() -> argparse.ArgumentParser:
-    from .automata import EDIT_SCOPES, TOKENIZATIONS
     from .models import BUILTIN_MODELS, DEFAULT_MODEL
+    from .output import FORMATS
     p = argparse.ArgumentParser(
         prog="relmql",
-        description="Query a language model with a regular expression: the most probable strings "
-                    "of the pattern, in exact order of probability.")
+        description="Query language models with regular expressions. With no FILE and no -c, reads "
+                    "statements from standard input, or opens the interactive shell on a terminal.")
+    p.add_argument("files", nargs="*", metavar="FILE", help="scripts of statements ending with ';'")
+    p.add_argument("-c", "--command", action="append", metavar="SQL", help="run these statements (repeatable)")
     p.add_argument("--version", action="version", version=f"relmql {__version__}")
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"a built-in model ({', '.join(BUILTIN_MODELS)}), a local directory or a hub id "
-                        f"(default: {DEFAULT_MODEL})")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
-    p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (default: auto)")
-    p.add_argument("--matching", required=True, metavar="REGEX",
-                   help="the strings to find, the prefix included (Python re syntax)")
-    p.add_argument("--prefix", metavar="REGEX", help="the given part of each string (not pruned by --topk)")
-    p.add_argument("--limit", type=_positive, default=10, help="how many strings to return (default: 10)")
-    p.add_argument("--order", choices=("prob", "total_prob"), default="prob",
-                   help="rank by the completion's probability given the prefix (prob), or the whole string's")
-    p.add_argument("--sample", type=_natural, metavar="N", help="draw N random samples instead of ranking")
-    p.add_argument("--sampling", choices=("local", "exact"), default="local", help="how samples are drawn")
-    p.add_argument("--seed", type=_natural, default=0, help="random seed for --sample (default: 0)")
-    p.add_argument("--topk", type=_positive, help="keep only the k most probable next tokens")
-    p.add_argument("--topp", type=float, help="keep only the most probable next tokens that make up probability p")
-    p.add_argument("--temperature", type=float, default=1.0, help="divide the logits by this (default: 1)")
-    p.add_argument("--eos", action="store_true", help="a string must be followed by the end-of-text token")
-    p.add_argument("--batch-size", type=_positive, default=32, help="nodes or samples per model call")
-    p.add_argument("--tokenization", choices=TOKENIZATIONS, default="canonical")
-    p.add_argument("--prefix-tokenization", choices=TOKENIZATIONS, default="canonical")
-    p.add_argument("--edits", type=_natural, default=0, help="allow up to N character edits")
-    p.add_argument("--edit-scope", choices=EDIT_SCOPES, default="all")
-    p.add_argument("--max-tokens", type=_positive, default=64, help="longest token sequence to consider")
-    p.add_argument("--explain", action="store_true", help="describe the compiled automaton instead of running")
+    p.add_argument("--model", help=f"the default model: {', '.join(BUILTIN_MODELS)}, a local directory or a "
+                                   f"Hugging Face id (default: {DEFAULT_MODEL})")
+    p.add_argument("--device", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="model weights (default: auto)")
+    p.add_argument("--seed", type=int, help="random seed of SAMPLE (default: 0)")
+    p.add_argument("--format", choices=FORMATS,
+                   help="output format (default: table on a terminal, otherwise from --output's extension, "
+                        "otherwise jsonl)")
+    p.add_argument("-o", "--output", metavar="PATH", help="write results to PATH instead of standard output")
+    p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="bind :NAME to the string VALUE (repeatable)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on standard error")
     return p
 
 
-def _natural(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
-    return value
+def _params(items: List[str]) -> Dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip().isidentifier():
+            raise Error(f"--param takes NAME=VALUE, not {item!r}")
+        out[name.strip()] = value
+    return out
 
 
-def _positive(text: str) -> int:
-    value = _natural(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
+def _format(args, out: IO[str]) -> str:
+    if args.format:
+        return args.format
+    if args.output:
+        ext = Path(args.output).suffix.lower().lstrip(".")
+        if ext in ("csv", "json", "jsonl"):
+            return ext
+        return "table" if ext in ("txt", "") else "jsonl"
+    return "table" if out.isatty() else "jsonl"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return _run(args)
+        params = _params(args.param)
+        from .api import Connection
+        con = Connection(model=args.model, device=args.device, dtype=args.dtype, seed=args.seed,
+                         progress=not args.no_progress)
     except Error as e:
-        _print_error(e)
-        return 1
-    except KeyboardInterrupt:
-        print("cancelled", file=sys.stderr)
-        return 130
-
-
-def _print_error(e: Error) -> None:
-    where = {"MATCHING": "--matching", "PREFIX": "--prefix"}.get(e.role or "", e.role)
-    text = e.render()
-    if where:
-        text = text.replace(f"{e.kind}: ", f"{e.kind} in {where}: ", 1)
-    print(text, file=sys.stderr)
-
-
-def _run(args) -> int:
-    from .automata import CompileOptions, compile
-    from .execute import Decoding, Sample, ShortestPath, execute
-    from .models import load_model
-    t0 = time.perf_counter()
-    model = load_model(args.model, device=args.device, dtype=args.dtype)
-    t1 = time.perf_counter()
-    options = CompileOptions(tokenization=args.tokenization, prefix_tokenization=args.prefix_tokenization,
-                             edits=args.edits, edit_scope=args.edit_scope)
-    automaton = compile(args.matching, model.vocabulary, args.prefix, options)
-    t2 = time.perf_counter()
-    for w in automaton.warnings:
-        print(f"warning: {w}", file=sys.stderr)
-    if args.explain:
-        _explain(automaton)
+        print(e.render(), file=sys.stderr)
+        return EXIT_ERROR
+    scripts = [("-c", c) for c in args.command or []]
+    for f in args.files:
+        try:
+            scripts.append((f, Path(f).read_text(encoding="utf-8") if f != "-" else sys.stdin.read()))
+        except (OSError, UnicodeDecodeError) as e:
+            print(f"error: cannot read {f}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+            return EXIT_ERROR
+    if not scripts:
+        if sys.stdin.isatty() and not args.output:
+            from .repl import run_repl
+            return run_repl(con, mode=args.format or "table", params=params)
+        scripts.append(("<stdin>", sys.stdin.read()))
+    out = open(args.output, "w", encoding="utf-8", newline="") if args.output else sys.stdout
+    try:
+        fmt = _format(args, out)
+        for name, text in scripts:
+            code = run_script(con, text, name, params, fmt, out)
+            if code:
+                return code
         return 0
-    rules = Decoding(temperature=args.temperature, topk=args.topk, topp=args.topp, eos=args.eos)
-    if args.sample is not None:
-        traversal = Sample(args.sample, seed=args.seed, mode=args.sampling, max_tokens=args.max_tokens,
-                           batch_size=args.batch_size)
-    else:
-        traversal = ShortestPath(order=args.order, limit=args.limit, max_tokens=args.max_tokens,
-                                 batch_size=args.batch_size)
-    count = 0
-    for row in execute(automaton, model, traversal, rules):
-        count += 1
-        value = row.total_prob if args.order == "total_prob" and args.sample is None else row.prob
-        print(f"{row.rank:>4}  {value:.6g}  {row.text!r}", flush=True)
-    t3 = time.perf_counter()
-    if not count:
-        print("(no strings)")
-    print(f"{count} rows; model loaded in {t1 - t0:.1f}s, compiled in {(t2 - t1) * 1000:.0f}ms, "
-          f"ran in {t3 - t2:.1f}s", file=sys.stderr)
+    finally:
+        if args.output:
+            out.close()
+
+
+def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: IO[str] = None) -> int:
+    """Run every statement of ``text``, writing results to ``out``; stops at the first error
+    (rendered on ``err``). Returns the exit status."""
+    from .output import write
+    from .syntax import parse
+    err = err or sys.stderr
+    try:
+        statements = parse(text)
+    except Error as e:
+        print(_located(e, name), file=err)
+        return EXIT_ERROR
+    first = True
+    for st in statements:
+        result = None
+        try:
+            result = con._statement(st, text, params)
+            if result.kind == "status":
+                continue
+            if fmt == "table" and not first:
+                out.write("\n")
+            first = False
+            if result.kind == "text" and fmt == "table":
+                for (line,) in result:
+                    out.write(line + "\n")
+                continue
+            write(result.columns, iter(result), fmt, out, stream=fmt == "table" and out.isatty(), kinds=result.kinds)
+        except Error as e:
+            print(_located(e, name), file=err)
+            return EXIT_ERROR
+        except KeyboardInterrupt:
+            if result is not None:
+                result.cancel()
+            print("cancelled", file=err)
+            return EXIT_CANCELLED
+        except BrokenPipeError:
+            _quiet_pipe()
+            return 0
     return 0
 
 
-def _explain(automaton) -> None:
-    from .automata.fsa import format_count
-    lang = automaton.language
-    print(f"byte automaton: {lang.dfa.num_states} states, {lang.dfa.num_arcs} arcs")
-    print(f"strings: {format_count(automaton.num_strings)}")
-    print(f"tokenization: prefix {automaton.prefix_tokenization}, completion {automaton.tokenization}")
-    print(f"vocabulary: {sum(t is not None for t in automaton.vocabulary.tokens):,} text tokens")
+def _quiet_pipe():
+    # the reader went away (e.g. `| head`): stop without a traceback at exit
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def _located(e: Error, name: str) -> str:
+    text = e.render()
+    if name not in ("-c",) and e.span is not None and e.source is not None:
+        line = e.source.count("\n", 0, e.span[0]) + 1
+        return f"{name}:{line}: {text}"
+    return text
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -83,3 +83,8 @@ def enumerate_paths(automaton, limit: int = 200_000):
 
 def fullmatch(pattern: str, s: str) -> bool:
     return re.fullmatch(pattern, s) is not None
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="regenerate the expected files under tests/golden/ instead of comparing with them")

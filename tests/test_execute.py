@@ -122,6 +122,33 @@ def test_max_tokens_bounds_infinite_languages(tiny):
     assert len(rows) == len(brute)
 
 
+def test_a_prefix_longer_than_max_tokens_is_read_whole(tiny):
+    # max_tokens bounds the completion only: a passage as long as LAMBADA's runs to hundreds of
+    # prefix tokens (this once ended the search with no rows and no error)
+    prefix = " ".join(["one two three four five six seven eight nine ten"] * 3)
+    ta = compile(prefix + " (eleven|twelve)", tiny.vocabulary, prefix, CANON)
+    assert len(tiny.vocabulary.encode(prefix)) > 20
+    rows = list(execute(ta, tiny, ShortestPath(max_tokens=4)))
+    assert sorted(r.completion for r in rows) == [" eleven", " twelve"]
+    sampled = list(execute(ta, tiny, Sample(4, max_tokens=4)))
+    assert len(sampled) == 4 and all(r.prefix == prefix for r in sampled)
+    with pytest.raises(ExecutionError, match="at most 5 tokens") as err:
+        list(execute(ta, tiny, Sample(1, max_prefix_tokens=5)))
+    assert "max_prefix_tokens" in err.value.hint
+
+
+def test_max_nodes_stops_the_search_with_exact_rows_so_far(tiny):
+    ta = compile("(ab|c)+", tiny.vocabulary, None, ALL)
+    full = list(execute(ta, tiny, ShortestPath(max_tokens=3, batch_size=4)))
+    stats = SearchStats()
+    cut = list(execute(ta, tiny, ShortestPath(max_tokens=3, batch_size=4, max_nodes=3), stats=stats))
+    assert stats.stopped and stats.expanded <= 3 + 4 and len(cut) < len(full)
+    assert [r.tokens for r in cut] == [r.tokens for r in full[:len(cut)]]
+    stats = SearchStats()
+    list(execute(ta, tiny, ShortestPath(max_tokens=3, max_nodes=10 ** 6), stats=stats))
+    assert not stats.stopped
+
+
 def _paths_upto(ta, n):
     out, stack = [], [(ta.start, ())]
     while stack:

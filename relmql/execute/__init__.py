@@ -19,12 +19,13 @@ Traversal = Union[ShortestPath, Sample]
 
 
 def execute(automaton: TokenAutomaton, model: LanguageModel, traversal: Traversal,
-            rules: Decoding = Decoding(), cancel: Optional[threading.Event] = None) -> Iterator[Row]:
+            rules: Decoding = Decoding(), cancel: Optional[threading.Event] = None,
+            stats: Optional[SearchStats] = None) -> Iterator[Row]:
     """Rows of ``automaton`` on ``model``: the most probable first (``ShortestPath``) or random
     samples (``Sample``), under the decoding ``rules``. Setting ``cancel`` stops the iterator
-    with ``Cancelled`` before its next model call."""
+    with ``Cancelled`` before its next model call; ``stats`` collects a search's statistics."""
     if isinstance(traversal, ShortestPath):
-        return shortest_path(automaton, model, rules, traversal, cancel)
+        return shortest_path(automaton, model, rules, traversal, cancel, stats)
     if isinstance(traversal, Sample):
         return sample(automaton, model, rules, traversal, cancel)
     raise ExecutionError(f"unknown traversal {traversal!r}")

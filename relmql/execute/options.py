@@ -10,6 +10,7 @@ from ..errors import Error
 
 ORDERS = ("prob", "total_prob")
 SAMPLING_MODES = ("local", "exact")
+MAX_PREFIX_TOKENS = 1024  # prefixes such as a whole passage of text run to hundreds of tokens
 
 
 class ExecutionError(Error):
@@ -58,8 +59,10 @@ class Decoding:
 class ShortestPath:
     """Most probable strings first, exactly, by ``order``: "prob" (of the completion given the
     prefix) or "total_prob" (of the whole token sequence). ``limit``: stop after that many rows.
-    ``max_tokens``: the longest completion, in tokens. ``batch_size``: nodes expanded per model
-    call. ``max_prefix_nodes``: how many prefix nodes "prob" order may expand before its first
+    ``max_tokens``: the longest completion, in tokens; ``max_prefix_tokens``: the longest
+    prefix. ``max_nodes``: stop expanding after this many nodes (the rows released until then
+    are still the most probable, in order; ``SearchStats.stopped`` tells). ``batch_size``: nodes
+    expanded per model call. ``max_prefix_nodes``: how many prefix nodes "prob" order may expand before its first
     row (it needs every prefix's distribution to be sure of the order)."""
 
     order: str = "prob"
@@ -67,16 +70,20 @@ class ShortestPath:
     max_tokens: int = 64
     batch_size: int = 32
     max_prefix_nodes: int = 100_000
+    max_prefix_tokens: int = MAX_PREFIX_TOKENS
+    max_nodes: Optional[int] = None
 
     def check(self) -> "ShortestPath":
         if self.order not in ORDERS:
             raise ExecutionError(f"unknown order {self.order!r}; use prob or total_prob")
-        for name in ("max_tokens", "batch_size", "max_prefix_nodes"):
+        for name in ("max_tokens", "batch_size", "max_prefix_nodes", "max_prefix_tokens"):
             v = getattr(self, name)
             if not (isinstance(v, int) and v >= 1):
                 raise ExecutionError(f"{name} must be a whole number of at least 1, not {v!r}")
         if self.limit is not None and not (isinstance(self.limit, int) and self.limit >= 0):
             raise ExecutionError(f"limit must be a whole number, not {self.limit!r}")
+        if self.max_nodes is not None and not (isinstance(self.max_nodes, int) and self.max_nodes >= 1):
+            raise ExecutionError(f"max_nodes must be a whole number of at least 1, not {self.max_nodes!r}")
         return self
 
 
@@ -85,7 +92,7 @@ class Sample:
     """``n`` independent samples (with replacement).
 
     The prefix is drawn uniformly over the prefix's token paths (in proportion to the number of
-    completions below each arc; cycles unrolled to ``max_tokens``), then the completion from
+    completions below each arc; cycles unrolled to ``max_prefix_tokens``), then the completion from
     the model under the decoding rules, restricted to the language:
 
     - ``mode="local"``: at each step the model's distribution is renormalized over the tokens
@@ -105,13 +112,14 @@ class Sample:
     max_tokens: int = 64
     batch_size: int = 64
     max_draws: Optional[int] = None
+    max_prefix_tokens: int = MAX_PREFIX_TOKENS
 
     def check(self) -> "Sample":
         if not (isinstance(self.n, int) and self.n >= 0):
             raise ExecutionError(f"the number of samples must be a whole number, not {self.n!r}")
         if self.mode not in SAMPLING_MODES:
             raise ExecutionError(f"unknown sampling mode {self.mode!r}; use local or exact")
-        for name in ("max_tokens", "batch_size"):
+        for name in ("max_tokens", "batch_size", "max_prefix_tokens"):
             v = getattr(self, name)
             if not (isinstance(v, int) and v >= 1):
                 raise ExecutionError(f"{name} must be a whole number of at least 1, not {v!r}")

@@ -62,6 +62,10 @@ class _Walker:
     tokens: List[int] = field(default_factory=list)
     cond: float = 0.0
     weight: float = 1.0
+    dead_ends: int = 0  # in a row, from this prefix
+
+
+DEAD_ENDS = 64  # dead ends in a row after which local sampling gives up on a prefix
 
 
 def sample_rng(seed: int, index: int) -> random.Random:
@@ -76,7 +80,7 @@ def draw_prefix(automaton: TokenAutomaton, rng: random.Random, max_tokens: int) 
     total = automaton.count_paths(state, max_tokens, prefix_only=True)
     if total == 0:
         raise ExecutionError(f"the prefix has no token path of at most {max_tokens} tokens",
-                             hint="raise max_tokens")
+                             hint="raise max_prefix_tokens")
     budget = max_tokens
     while True:
         here = automaton._ends_here(state, True)
@@ -128,7 +132,7 @@ def sample(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opt
 
     def new_walker(i: int) -> _Walker:
         rng = sample_rng(opts.seed, i)
-        path, node = draw_prefix(automaton, rng, opts.max_tokens)
+        path, node = draw_prefix(automaton, rng, opts.max_prefix_tokens)
         return _Walker(i, rng, path, 0.0, None, node)
 
     def finish(w: _Walker, edits: int, eos_lp: float = 0.0):
@@ -218,9 +222,13 @@ def sample(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opt
                 if what == "end":
                     break
                 stats.discarded += 1
-                if arg and not w.tokens:
-                    # the rules leave nothing of the language after this prefix: draw another prefix
-                    w.prefix, w.start_node = draw_prefix(automaton, w.rng, opts.max_tokens)
+                w.dead_ends += bool(arg)
+                if arg and (not w.tokens or w.dead_ends >= DEAD_ENDS):
+                    # the rules leave nothing of the language after this prefix (certainly, when the
+                    # first token is a dead end; most likely, after DEAD_ENDS dead ends in a row):
+                    # draw another prefix
+                    w.dead_ends = 0
+                    w.prefix, w.start_node = draw_prefix(automaton, w.rng, opts.max_prefix_tokens)
                     waiting.append(w)
                     break
                 restart(w)

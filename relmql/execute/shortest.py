@@ -63,10 +63,12 @@ class _Node:
 @dataclass
 class SearchStats:
     """Nodes expanded (each costs the model one token: the start-of-text token for the root),
-    how many of them were prefix nodes, and rows released."""
+    how many of them were prefix nodes, rows released, and whether the search stopped at
+    ``max_nodes`` with the language not exhausted."""
     expanded: int = 0
     prefix: int = 0
     rows: int = 0
+    stopped: bool = False
 
 
 def candidates(arcs: Arcs, kept: Optional[np.ndarray]) -> Arcs:
@@ -128,14 +130,14 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
     def expandable(node: _Node) -> bool:
         if rules.eos and automaton.is_final(node.state):
             return True
-        if node.ncomp >= opts.max_tokens and node.npre >= opts.max_tokens:
+        if node.ncomp >= opts.max_tokens and node.npre >= opts.max_prefix_tokens:
             return False
         return len(automaton.arcs(node.state)) > 0
 
     def forced(node: _Node):
         """The token and state of a prefix node's only way on, if it has exactly one and the text
         cannot end at it."""
-        if not node.prefix or node.npre >= opts.max_tokens or automaton.is_final(node.state):
+        if not node.prefix or node.npre >= opts.max_prefix_tokens or automaton.is_final(node.state):
             return None
         arcs = automaton.arcs(node.state)
         if len(arcs) != 1 or not arcs.prefix[0]:
@@ -207,7 +209,7 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
                 edits = automaton.final_edits(node.state)
                 if edits >= 0 and eos_rule[b] > -math.inf:
                     push(result_key(node.pre_raw, node.cond + eos_rule[b]), _RESULT, node, edits)
-            keep = np.where(a.prefix, node.npre < opts.max_tokens,
+            keep = np.where(a.prefix, node.npre < opts.max_prefix_tokens,
                             (lu > -math.inf) & (node.ncomp < opts.max_tokens))
             if not keep.any():
                 continue
@@ -268,5 +270,8 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
         for entry in held:
             heapq.heappush(heap, entry)
         if batch:
+            if opts.max_nodes is not None and stats.expanded >= opts.max_nodes:
+                stats.stopped = True  # a budget, not an order: rows released so far are exact
+                return
             expand(batch)
             batch = []

@@ -1,0 +1,351 @@
+"""The Python API: ``connect()`` → ``Connection``; ``Connection.sql(text)`` → a lazy ``Result``.
+
+    import relmql
+    con = relmql.connect(model="tiny-gpt2")
+    con.sql("SELECT text, prob MATCHING 'a(b|c)' LIMIT 2").show()
+"""
+
+from __future__ import annotations
+
+import html
+import sys
+import threading
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
+
+from .errors import Error, closest
+from .models import BUILTIN_MODELS, LanguageModel, load_model
+from .output import render_table
+from .output.format import format_value
+from .plan import OPTIONS, DatasetPlan, ModelRef, PlanError, QueryPlan, defaults, iter_rows, option, plan, plan_row
+from .plan.explain import explain as explain_plan
+from .syntax import ast as A
+from .syntax import parse
+
+_NUMBER_COLUMNS = {"logprob", "prob", "total_logprob", "total_prob", "edits", "weight"}
+SHOW_WHAT = ("models", "options", "functions")
+
+
+class Result:
+    """The rows of one statement, computed lazily as they are read.
+
+    Iterate for tuples in SELECT order; ``fetchone()``, ``fetchmany(n)``, ``fetchall()``,
+    ``to_dicts()``, ``df()`` (pandas), ``show()``; ``explain()`` for the plan; ``cancel()`` stops
+    a running query (from another thread) before its next model call.
+    """
+
+    def __init__(self, columns: Sequence[str], rows: Callable[["Result"], Iterator[tuple]], kind: str = "rows",
+                 explain: Optional[Callable[[], str]] = None, message: Optional[str] = None,
+                 kinds: Optional[Sequence[str]] = None):
+        self.columns = tuple(columns)
+        self.kind = kind  # rows, text (EXPLAIN) or status (SET)
+        self.message = message
+        self.kinds = tuple(kinds or ["text"] * len(self.columns))
+        self._make = rows
+        self._iter: Optional[Iterator[tuple]] = None
+        self._rows: List[tuple] = []
+        self._done = False
+        self._explain = explain
+        self.cancelled = threading.Event()
+
+    # -- reading
+    def _next(self) -> Optional[tuple]:
+        if self._done:
+            return None
+        if self._iter is None:
+            self._iter = self._make(self)
+        try:
+            row = next(self._iter)
+        except StopIteration:
+            self._done = True
+            return None
+        except BaseException:
+            self._done = True
+            raise
+        self._rows.append(row)
+        return row
+
+    def __iter__(self) -> Iterator[tuple]:
+        i = 0
+        while True:
+            if i < len(self._rows):
+                yield self._rows[i]
+                i += 1
+                continue
+            if self._next() is None:
+                return
+
+    def fetchone(self) -> Optional[tuple]:
+        """The next row not yet fetched, or None."""
+        if not hasattr(self, "_cursor"):
+            self._cursor = 0
+        if self._cursor >= len(self._rows) and self._next() is None:
+            return None
+        self._cursor += 1
+        return self._rows[self._cursor - 1]
+
+    def fetchmany(self, n: int) -> List[tuple]:
+        out = []
+        for _ in range(n):
+            row = self.fetchone()
+            if row is None:
+                break
+            out.append(row)
+        return out
+
+    def fetchall(self) -> List[tuple]:
+        """Every remaining row (all rows, on a fresh result)."""
+        out = []
+        while True:
+            row = self.fetchone()
+            if row is None:
+                return out
+            out.append(row)
+
+    def to_dicts(self) -> List[Dict[str, Any]]:
+        return [dict(zip(self.columns, r)) for r in self]
+
+    def df(self):
+        """The rows as a pandas DataFrame (needs pandas)."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise Error("Result.df() needs pandas: pip install pandas") from None
+        return pd.DataFrame(list(self), columns=list(self.columns))
+
+    def _head(self, n: int):
+        rows = []
+        for r in self:
+            rows.append(r)
+            if len(rows) > n:
+                break
+        return rows[:n], len(rows) > n
+
+    def show(self, max_rows: int = 20, file=None) -> None:
+        """Print up to ``max_rows`` rows as a table."""
+        file = file or sys.stdout
+        if self.kind == "text":
+            print("\n".join(r[0] for r in self), file=file)
+            return
+        if self.kind == "status":
+            print(self.message, file=file)
+            return
+        rows, more = self._head(max_rows)
+        print(render_table(self.columns, rows, more=more), file=file)
+
+    def explain(self) -> str:
+        """The plan of this statement."""
+        if self._explain is None:
+            raise Error("only queries have a plan")
+        return self._explain()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)  # not len(list(self)): list() asks __len__ first
+
+    def __repr__(self) -> str:
+        if self.kind == "status":
+            return self.message or ""
+        if self.kind == "text":
+            return "\n".join(r[0] for r in self)
+        rows, more = self._head(10)
+        return render_table(self.columns, rows, more=more)
+
+    def _repr_html_(self) -> str:
+        if self.kind != "rows":
+            return "<pre>" + html.escape(repr(self)) + "</pre>"
+        rows, more = self._head(10)
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(format_value(v, 200))}</td>" for v in r) + "</tr>"
+                       for r in rows)
+        foot = f"<p>first {len(rows)} rows; more not fetched</p>" if more else ""
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{foot}"
+
+
+def _kinds(outputs) -> List[str]:
+    kinds = []
+    for o in outputs:
+        e = o.expr
+        if isinstance(e, A.Column) and e.name == "rank":
+            kinds.append("rank")
+        elif isinstance(e, A.Column) and e.name in _NUMBER_COLUMNS:
+            kinds.append("number")
+        elif isinstance(e, A.Column) and e.name == "canonical":
+            kinds.append("bool")
+        elif isinstance(e, A.Call) and e.name in ("count", "sum", "avg", "exp", "ln", "round", "length"):
+            kinds.append("number")
+        else:
+            kinds.append("text")
+    return kinds
+
+
+class Connection:
+    """A session: a default model, option settings (``SET``) and the models loaded so far.
+
+    ``connect(model="tiny-gpt2", device="cpu", seed=0, topk=40)``: any option of ``SHOW OPTIONS``
+    may be given as a keyword. ``progress``: show progress bars on stderr for long queries.
+    """
+
+    def __init__(self, model: Optional[str] = None, device: Optional[str] = None, dtype: Optional[str] = None,
+                 seed: Optional[int] = None, progress: bool = False, **options):
+        self.settings: Dict[str, Any] = defaults()
+        given = dict(options, model=model, device=device, dtype=dtype, seed=seed)
+        for name, value in given.items():
+            if value is not None:
+                self.set(name, value)
+        self.progress = progress
+        self._models: Dict[tuple, LanguageModel] = {}
+
+    # -- settings
+    def set(self, name: str, value) -> None:
+        """``SET name = value``."""
+        spec = option(name)
+        self.settings[spec.name] = spec.check(value)
+
+    # -- models
+    def model(self, ref: Optional[ModelRef] = None) -> LanguageModel:
+        """The model of ``ref`` (default: the session's), loaded once per session."""
+        ref = ref or ModelRef(self.settings["model"], self.settings["device"], self.settings["dtype"])
+        key = (ref.name, ref.device, ref.dtype)
+        if key not in self._models:
+            self._models[key] = load_model(ref.name, device=ref.device, dtype=ref.dtype)
+        return self._models[key]
+
+    # -- statements
+    def sql(self, text: str, params: Optional[Mapping[str, Any]] = None) -> Result:
+        """Run ``text`` (one or more statements); the last statement's ``Result`` (lazy for
+        queries), the ones before it run to completion first."""
+        statements = parse(text)
+        if not statements:
+            return Result((), lambda r: iter(()), kind="status", message="")
+        for st in statements[:-1]:
+            for _ in self._statement(st, text, params):
+                pass
+        return self._statement(statements[-1], text, params)
+
+    def execute(self, text: str, params: Optional[Mapping[str, Any]] = None) -> Result:
+        """The same as ``sql``."""
+        return self.sql(text, params)
+
+    def _statement(self, st, text: str, params) -> Result:
+        if isinstance(st, A.Query):
+            return self._query(st, text, params)
+        if isinstance(st, A.Explain):
+            p = plan(st.query, text, self.settings, params)
+            lines = self._explain(p).splitlines()
+            return Result(("plan",), lambda r: iter([(line,) for line in lines]), kind="text")
+        if isinstance(st, A.Set):
+            spec = option(st.name, st.name_span, text)
+            from .plan.planner import _const
+            if isinstance(st.value, A.Column):  # SET tokenization = all: a bare word is a value
+                value = st.value.name
+            else:
+                value = _const(st.value, dict(params or {}), text, "SET")
+            self.settings[spec.name] = spec.check(value, st.value.span, text)
+            shown = self.settings[spec.name]
+            return Result((), lambda r: iter(()), kind="status", message=f"SET {spec.name} = {shown}")
+        if isinstance(st, A.Show):
+            return self._show(st, text)
+        raise Error(f"cannot run {type(st).__name__}")
+
+    def _query(self, st: A.Query, text: str, params) -> Result:
+        p = plan(st, text, self.settings, params)
+
+        def rows(result: Result) -> Iterator[tuple]:
+            from .engine import run
+            bar = _Progress(self.progress)
+            try:
+                yield from run(p, self.model, result.cancelled, bar.update, bar.total)
+            finally:
+                bar.close()
+
+        return Result(p.columns, rows, explain=lambda: self._explain(p), kinds=_kinds(p.outputs))
+
+    def _explain(self, p) -> str:
+        from .engine import compile_plan, load
+        if isinstance(p, DatasetPlan):
+            rows = list(iter_rows(p.path, p.source, p.query.dataset.source.span))
+            from .plan import row_selected
+            selected = [r for r in rows if row_selected(p, r)]
+            if p.row_limit is not None:
+                selected = selected[:p.row_limit]
+            if not selected:
+                raise PlanError(f"{p.path}: no rows to run", p.query.dataset.source.span, p.source)
+            first = plan_row(p, selected[0])
+            model = load(first, self.model)
+            return explain_plan(first, compile_plan(first, model), model, dataset=p, dataset_rows=len(selected))
+        model = load(p, self.model)
+        return explain_plan(p, compile_plan(p, model), model)
+
+    def _show(self, st: A.Show, text: str) -> Result:
+        what = st.what
+        if what == "models":
+            current = self.settings["model"]
+            rows = [(name, name == current, any(k[0] == name for k in self._models)) for name in BUILTIN_MODELS]
+            if current not in BUILTIN_MODELS:
+                rows.append((current, True, any(k[0] == current for k in self._models)))
+            return Result(("model", "default", "loaded"), lambda r: iter(rows), kinds=("text", "bool", "bool"))
+        if what == "options":
+            rows = [(name, self.settings[name], spec.default, spec.doc) for name, spec in OPTIONS.items()]
+            return Result(("option", "value", "default", "meaning"), lambda r: iter(rows))
+        if what == "functions":
+            from .plan.expr import AGGREGATES, FUNCTIONS, ROW_FUNCTIONS
+            rows = [(f.name, "scalar", f.doc) for f in FUNCTIONS.values()]
+            rows += [(n, "row", d) for n, d in ROW_FUNCTIONS.items()]
+            rows += [(n, "aggregate", d) for n, d in AGGREGATES.items()]
+            return Result(("function", "kind", "meaning"), lambda r: iter(rows))
+        near = closest(what, SHOW_WHAT)
+        word = text.lower().rfind(what, st.span[0], st.span[1])
+        span = (word, word + len(what)) if word >= 0 else st.span
+        raise PlanError(f"SHOW {what.upper()} is not known; SHOW " + " | ".join(w.upper() for w in SHOW_WHAT),
+                        span, text, hint=f"did you mean SHOW {near.upper()}?" if near else None)
+
+    def close(self) -> None:
+        """Forget the loaded models."""
+        self._models.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _Progress:
+    """A tqdm bar on stderr once the total is known, shown only after a second and only on a terminal."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled and sys.stderr.isatty()
+        self.bar = None
+
+    def total(self, n: int) -> None:
+        if self.enabled and self.bar is None:
+            from tqdm import tqdm
+            self.bar = tqdm(total=n, file=sys.stderr, delay=1.0, leave=False, unit="row", dynamic_ncols=True)
+
+    def update(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+_default: Optional[Connection] = None
+
+
+def connect(model: Optional[str] = None, device: Optional[str] = None, dtype: Optional[str] = None,
+            seed: Optional[int] = None, **options) -> Connection:
+    """A new ``Connection`` (see its docstring for the arguments)."""
+    return Connection(model=model, device=device, dtype=dtype, seed=seed, **options)
+
+
+def sql(text: str, params: Optional[Mapping[str, Any]] = None) -> Result:
+    """``text`` on the default connection (the embedded model on the CPU)."""
+    global _default
+    if _default is None:
+        _default = Connection()
+    return _default.sql(text, params)

@@ -1,0 +1,235 @@
+"""Runs a plan: compile → execute → filter → project or aggregate.
+
+Entry point: ``run(plan, models)`` → an iterator of output tuples in the plan's column order.
+A dataset plan runs its query once per data row (a pure map over rows), then aggregates
+over all of them.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+from .automata import compile
+from .errors import Error
+from .execute import Row, SearchStats, execute
+from .models import LanguageModel
+from .plan import DatasetPlan, ModelRef, Plan, QueryPlan, evaluate, iter_rows, plan_row, row_selected
+from .plan.expr import Env
+from .plan.options import PlanError
+from .syntax import ast as A
+
+Models = Callable[[ModelRef], LanguageModel]
+
+
+class RowEnv(Env):
+    """A result row as expressions see it: its columns, the capture groups of MATCHING in its
+    text (NULL where the text does not match, e.g. after edits), and the query's parameters."""
+
+    def __init__(self, plan: QueryPlan, row: Optional[Row], rank: Optional[int], regex):
+        self.plan, self.row, self.rank, self._regex = plan, row, rank, regex
+        self._match = False
+
+    def column(self, node: A.Column):
+        name = node.name
+        row = self.row
+        if name == "rank":
+            return self.rank
+        if name in ("text", "prefix", "completion", "tokens", "logprob", "prob", "total_logprob", "total_prob",
+                    "canonical", "edits", "weight"):
+            if row is None:
+                return None
+            value = getattr(row, name)
+            return list(value) if name == "tokens" else value
+        return self.group(name, node)
+
+    def param(self, node: A.Param):
+        params = self.plan.param_dict()
+        if node.name not in params:
+            raise PlanError(f"parameter :{node.name} has no value", node.span, self.plan.source)
+        return params[node.name]
+
+    def group(self, key, node):
+        if self._match is False:
+            self._match = None
+            if self.row is not None and self._regex is not None:
+                self._match = self._regex.fullmatch(self.row.text)
+        if isinstance(key, bool) or not isinstance(key, (int, str)):
+            raise PlanError(f"group() takes a group number or name, not {key!r}", node.span, self.plan.source)
+        if isinstance(key, int) and not 0 <= key <= (self._regex.groups if self._regex else 0):
+            raise PlanError(f"MATCHING has {self._regex.groups if self._regex else 0} groups; there is no "
+                            f"group {key}", node.span, self.plan.source)
+        if isinstance(key, str) and (self._regex is None or key not in self._regex.groupindex):
+            raise PlanError(f"MATCHING has no group named {key!r}", node.span, self.plan.source)
+        return None if self._match is None else self._match.group(key)
+
+
+class _GroupEnv(Env):
+    """The rows of one group: aggregates see all of them, other expressions the first."""
+
+    def __init__(self, rows: List[Env]):
+        self.rows = rows
+
+    def column(self, node):
+        return self.rows[0].column(node)
+
+    def param(self, node):
+        return self.rows[0].param(node)
+
+    def group(self, key, node):
+        return self.rows[0].group(key, node)
+
+
+def _regex(plan: QueryPlan):
+    try:
+        return re.compile(plan.matching)
+    except (re.error, RecursionError, OverflowError, ValueError):
+        return None
+
+
+def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event] = None,
+               progress: Optional[Callable[[int], None]] = None, stopped: Optional[list] = None
+               ) -> Iterator[RowEnv]:
+    """The result rows of one query that pass its WHERE, up to its LIMIT. A search that stops at
+    ``max_nodes`` is warned about on stderr, or appended to ``stopped`` when given."""
+    model = load(plan, models)
+    automaton = compile_plan(plan, model)
+    regex = _regex(plan)
+    if plan.limit == 0:
+        return
+    emitted = 0
+    stats = SearchStats()
+    for row in execute(automaton, model, plan.traversal, plan.decoding, cancel, stats):
+        if progress is not None:
+            progress(1)
+        env = RowEnv(plan, row, emitted + 1, regex)
+        if plan.where is not None and not _truth(_eval(plan.where, env, plan.source)):
+            continue
+        emitted += 1
+        yield env
+        if plan.limit is not None and emitted >= plan.limit:
+            return
+    if stats.stopped:
+        if stopped is not None:
+            stopped.append(plan)
+        else:
+            print(f"warning: the search stopped at max_nodes ({plan.traversal.max_nodes:,} nodes) after "
+                  f"{emitted:,} rows; more rows may exist", file=sys.stderr)
+
+
+def load(plan: QueryPlan, models: Models) -> LanguageModel:
+    """The plan's model; a model that cannot be loaded is an error under FROM's text."""
+    try:
+        return models(plan.model)
+    except Error as e:
+        if e.span is None and plan.model_span is not None:
+            e.span, e.source = plan.model_span, plan.source
+        raise
+
+
+def compile_plan(plan: QueryPlan, model: LanguageModel):
+    """The token automaton of ``plan`` on ``model``'s vocabulary, errors placed in the query text."""
+    try:
+        automaton = compile(plan.matching, model.vocabulary, plan.prefix, plan.compile)
+    except Error as e:
+        if e.role in ("MATCHING", "PREFIX"):
+            raise plan.source_error(e) from None
+        raise
+    for w in automaton.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    return automaton
+
+
+def _truth(v) -> bool:
+    return bool(v) if v is not None else False
+
+
+def _eval(node, env, source):
+    try:
+        return evaluate(node, env)
+    except Error as e:
+        if e.source is None:
+            e.source = source
+        raise
+
+
+def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
+        progress: Optional[Callable[[int], None]] = None, on_total: Optional[Callable[[int], None]] = None
+        ) -> Iterator[tuple]:
+    """Output tuples of ``plan``. ``progress(n)`` is told of each result row (or data row);
+    ``on_total(n)`` of how many there will be, when that is known."""
+    if isinstance(plan, DatasetPlan):
+        envs = _dataset_rows(plan, models, cancel, progress, on_total)
+    else:
+        if on_total is not None and hasattr(plan.traversal, "n"):
+            on_total(plan.traversal.n)
+        envs = query_rows(plan, models, cancel, progress)
+    outputs = plan.outputs
+    if not plan.aggregate:
+        for env in envs:
+            yield tuple(_eval(o.expr, env, plan.source) for o in outputs)
+        return
+    groups: Dict[Any, List[Env]] = {}
+    for env in envs:
+        key = tuple(_hashable(_eval(g, env, plan.source)) for g in plan.group_by)
+        groups.setdefault(key, []).append(env)
+    if not groups and not plan.group_by:
+        groups[()] = []
+    for key in sorted(groups, key=_order):
+        members = groups[key]
+        genv = _GroupEnv(members) if members else _EmptyEnv()
+        yield tuple(_eval(o.expr, genv, plan.source) for o in outputs)
+
+
+class _EmptyEnv(Env):
+    rows: List[Env] = []
+
+    def column(self, node):
+        return None
+
+    def param(self, node):
+        return None
+
+    def group(self, key, node):
+        return None
+
+
+def _order(key: tuple):
+    """Groups come out sorted by their values (NULL last; values of different types by type)."""
+    return tuple((v is None, type(v).__name__ if not isinstance(v, (int, float)) else "", v if v is not None else 0)
+                 for v in key)
+
+
+def _hashable(v):
+    return tuple(v) if isinstance(v, list) else v
+
+
+def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total) -> Iterator[Env]:
+    rows = [r for r in iter_rows(plan.path, plan.source, plan.query.dataset.source.span)]
+    selected = [r for r in rows if row_selected(plan, r)]
+    if plan.row_limit is not None:
+        selected = selected[:plan.row_limit]
+    if on_total is not None:
+        on_total(len(selected))
+    stopped: list = []
+    for data in selected:
+        if cancel is not None and cancel.is_set():
+            from .execute import Cancelled
+            raise Cancelled("the query was cancelled")
+        qplan = plan_row(plan, data)
+        found = False
+        for env in query_rows(qplan, models, cancel, stopped=stopped):
+            found = True
+            yield env
+        if not found:  # the row still counts: one row of NULL results (as a LEFT JOIN would give)
+            yield RowEnv(qplan, None, None, _regex(qplan))
+        if progress is not None:
+            progress(1)
+    if stopped:
+        print(f"warning: {len(stopped):,} of {len(selected):,} data rows stopped searching at max_nodes "
+              f"({stopped[0].traversal.max_nodes:,} nodes); their rows may be incomplete", file=sys.stderr)
+
+
+__all__ = ["run", "query_rows", "compile_plan", "load", "RowEnv"]

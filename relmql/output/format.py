@@ -1,0 +1,167 @@
+"""Formatting of result rows."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+from typing import IO, Iterable, List, Optional, Sequence
+
+FORMATS = ("table", "csv", "json", "jsonl")
+_NUMERIC_WIDTH = 12
+
+
+def format_value(v, width: Optional[int] = None) -> str:
+    """A value as a table cell: floats to 6 significant digits, NULL, escaped newlines."""
+    if v is None:
+        text = "NULL"
+    elif isinstance(v, bool):
+        text = "true" if v else "false"
+    elif isinstance(v, float):
+        text = f"{v:.6g}"
+    elif isinstance(v, (list, tuple)):
+        text = "[" + ", ".join(format_value(x) for x in v) + "]"
+    else:
+        text = str(v).replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+    if width is not None and len(text) > width:
+        text = text[:max(0, width - 1)] + "…"
+    return text
+
+
+def _numeric(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _line(widths, left, mid, right) -> str:
+    return left + mid.join("─" * (w + 2) for w in widths) + right
+
+
+def _cells(values, widths, numeric) -> str:
+    parts = []
+    for v, w, num in zip(values, widths, numeric):
+        parts.append(" " + (v.rjust(w) if num else v.ljust(w)) + " ")
+    return "│" + "│".join(parts) + "│"
+
+
+def render_table(columns: Sequence[str], rows: Sequence[tuple], max_rows: Optional[int] = None,
+                 max_width: Optional[int] = None, more: bool = False) -> str:
+    """A boxed table of ``rows`` sized to fit (cells cut to fit ``max_width``); at most ``max_rows``
+    shown, with a line saying how many were left out (``more``: there are more not fetched)."""
+    max_width = max_width or shutil.get_terminal_size((120, 24)).columns
+    shown = list(rows if max_rows is None else rows[:max_rows])
+    cells = [[format_value(v) for v in r] for r in shown]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    budget = max_width - (3 * len(columns) + 1)
+    while sum(widths) > budget and max(widths) > 8:
+        i = widths.index(max(widths))
+        widths[i] = max(8, widths[i] - max(1, sum(widths) - budget))
+    numeric = [bool(shown) and all(_numeric(r[i]) or r[i] is None for r in shown) for i in range(len(columns))]
+    out = [_line(widths, "┌", "┬", "┐"), _cells([format_value(c, w) for c, w in zip(columns, widths)], widths,
+                                                [False] * len(widths)),
+           _line(widths, "├", "┼", "┤")]
+    for r in shown:
+        out.append(_cells([format_value(v, w) for v, w in zip(r, widths)], widths, numeric))
+    out.append(_line(widths, "└", "┴", "┘"))
+    left = len(rows) - len(shown)
+    n = len(rows)
+    if left > 0 or more:
+        out.append(f"({len(shown)} of {n}{'+' if more else ''} rows shown)")
+    else:
+        out.append(f"({n} row{'s' if n != 1 else ''})")
+    return "\n".join(out)
+
+
+class StreamingTable:
+    """A boxed table printed row by row as rows arrive: numbers get fixed widths, text columns
+    share the rest of the terminal's width."""
+
+    def __init__(self, columns: Sequence[str], out: IO[str], width: Optional[int] = None,
+                 kinds: Optional[Sequence[str]] = None):
+        self.columns, self.out, self.count = list(columns), out, 0
+        width = width or shutil.get_terminal_size((120, 24)).columns
+        kinds = kinds or ["text"] * len(columns)
+        fixed = {"number": _NUMERIC_WIDTH, "rank": 5, "bool": 9}
+        widths = [max(len(c), fixed.get(k, 0)) for c, k in zip(columns, kinds)]
+        flexible = [i for i, k in enumerate(kinds) if k not in fixed]
+        budget = width - (3 * len(columns) + 1) - sum(widths[i] for i in range(len(widths)) if i not in flexible)
+        for i in flexible:
+            widths[i] = max(len(columns[i]), 8, budget // max(1, len(flexible)))
+        self.widths = widths
+        self.numeric = [k in ("number", "rank") for k in kinds]
+        self._head = False
+
+    def _write(self, text):
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def row(self, values: tuple):
+        if not self._head:
+            self.header()
+        self.count += 1
+        self._write(_cells([format_value(v, w) for v, w in zip(values, self.widths)], self.widths, self.numeric))
+
+    def header(self):
+        self._head = True
+        self._write(_line(self.widths, "┌", "┬", "┐"))
+        self._write(_cells([format_value(c, w) for c, w in zip(self.columns, self.widths)], self.widths,
+                           [False] * len(self.widths)))
+        self._write(_line(self.widths, "├", "┼", "┤"))
+
+    def close(self):
+        if not self._head:
+            self.header()
+        self._write(_line(self.widths, "└", "┴", "┘"))
+        self._write(f"({self.count} row{'s' if self.count != 1 else ''})")
+
+
+def _jsonable(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, tuple):
+        return list(v)
+    return v
+
+
+def write(columns: Sequence[str], rows: Iterable[tuple], fmt: str, out: IO[str], stream: bool = False,
+          kinds: Optional[Sequence[str]] = None) -> int:
+    """Write ``rows`` in format ``fmt``, each row as soon as it arrives (tables: when ``stream``,
+    otherwise sized to fit once all rows are in); returns the number of rows."""
+    n = 0
+    if fmt == "table":
+        if stream:
+            table = StreamingTable(columns, out, kinds=kinds)
+            try:
+                for r in rows:
+                    table.row(r)
+            finally:
+                table.close()
+            return table.count
+        buffered: List[tuple] = list(rows)
+        out.write(render_table(columns, buffered) + "\n")
+        return len(buffered)
+    if fmt == "csv":
+        w = csv.writer(out, lineterminator="\n")
+        w.writerow(columns)
+        for r in rows:
+            w.writerow([json.dumps(list(v)) if isinstance(v, (list, tuple)) else
+                        ("" if v is None else v) for v in r])
+            out.flush()
+            n += 1
+        return n
+    if fmt == "jsonl":
+        for r in rows:
+            out.write(json.dumps({c: _jsonable(v) for c, v in zip(columns, r)}, ensure_ascii=False) + "\n")
+            out.flush()
+            n += 1
+        return n
+    if fmt == "json":
+        out.write("[")
+        for r in rows:
+            out.write(("," if n else "") + "\n  " + json.dumps({c: _jsonable(v) for c, v in zip(columns, r)},
+                                                              ensure_ascii=False))
+            out.flush()
+            n += 1
+        out.write("\n]\n" if n else "]\n")
+        return n
+    raise ValueError(f"unknown format {fmt!r}; use {', '.join(FORMATS)}")

@@ -1,0 +1,12 @@
+"""The planner: a parsed query → a typed ``QueryPlan`` (every option checked), and EXPLAIN.
+
+Entry point: ``plan(query, source, settings, params)``.
+"""
+
+from .expr import AGGREGATES, FUNCTIONS, Env, escape, evaluate
+from .options import OPTIONS, OptionSpec, PlanError, defaults, option
+from .planner import (DatasetPlan, ModelRef, Output, Plan, QueryPlan, iter_rows, plan, plan_row, row_selected)
+
+__all__ = ["plan", "plan_row", "row_selected", "iter_rows", "QueryPlan", "DatasetPlan", "Plan", "ModelRef", "Output",
+           "OPTIONS", "OptionSpec", "PlanError", "defaults", "option", "FUNCTIONS", "AGGREGATES", "Env", "escape",
+           "evaluate"]

@@ -1,0 +1,79 @@
+"""EXPLAIN: a plan in words, with the sizes of its compiled automaton."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+from ..automata.fsa import format_count
+from ..execute import Sample
+from ..syntax import quote, unparse
+from .planner import DatasetPlan, QueryPlan
+
+
+def _clip(text: str, width: int = 100) -> str:
+    text = quote(text)
+    return text if len(text) <= width else text[:width - 5] + "...'" + f" ({len(text) - 2:,} characters)"
+
+
+def explain(plan: QueryPlan, automaton=None, model=None, dataset: Optional[DatasetPlan] = None,
+            dataset_rows: Optional[int] = None) -> str:
+    """The plan as aligned ``key  value`` lines; ``automaton`` and ``model`` add sizes."""
+    lines: List[tuple] = []
+    add = lambda k, v: lines.append((k, v))  # noqa: E731
+    if dataset is not None:
+        what = f"{dataset.path}: {dataset_rows:,} rows" if dataset_rows is not None else dataset.path
+        add("dataset", what + " (one query per row; the first row's plan is below)")
+        if dataset.row_where is not None:
+            add("rows", f"WHERE {unparse(dataset.row_where)}")
+    m = plan.model
+    desc = f"{m.name} on {m.device}"
+    if model is not None:
+        dtype = getattr(model, "dtype", None)
+        desc = f"{m.name} on {model.device}" + (f" ({str(dtype).replace('torch.', '')})" if dtype else "")
+        desc += f", {len(model.vocabulary):,} tokens"
+    add("model", desc)
+    t = plan.traversal
+    if isinstance(t, Sample):
+        mode = ("local: each step renormalized over the tokens the language allows; rows carry importance weights"
+                if t.mode == "local" else "exact: rejection, the model's distribution conditioned on the language")
+        add("traversal", f"SAMPLE {t.n:,} with seed {t.seed}, batches of {t.batch_size}, "
+                         f"at most {t.max_tokens} completion tokens")
+        add("sampling", mode)
+        add("prefix draw", "uniform over the prefix strings")
+    else:
+        stop = f", stops after {t.limit:,} row{'s' if t.limit != 1 else ''}" if t.limit is not None else ", runs until the language is exhausted"
+        add("traversal", f"shortest path: most probable first by {t.order}{stop}; batches of {t.batch_size} nodes, "
+                         f"at most {t.max_tokens} completion tokens")
+    d = plan.decoding
+    rules = [f"topk {d.topk}"] if d.topk is not None else []
+    rules += [f"topp {d.topp:g}"] if d.topp is not None else []
+    rules += [f"temperature {d.temperature:g}"] if d.temperature != 1 else []
+    rules += ["eos (the end-of-text token must follow; its probability counts)"] if d.eos else []
+    add("decoding", ", ".join(rules) + "; prefix tokens at the model's own probability" if rules
+        else "the model's distribution (no top-k, top-p or temperature)")
+    add("MATCHING", _clip(plan.matching))
+    if plan.prefix is not None:
+        add("PREFIX", _clip(plan.prefix))
+    c = plan.compile
+    add("tokenization", f"prefix {c.prefix_tokenization}, completion {c.tokenization}")
+    if c.edits:
+        add("edits", f"up to {c.edits} (insert, delete, substitute) in {c.edit_scope}")
+    for regex in c.exclude:
+        add("filter", f"in the automaton: text NOT MATCHING {_clip(regex, 80)}")
+    if plan.where is not None:
+        add("filter", f"on result rows: {unparse(plan.where)}")
+    if automaton is not None:
+        lang = automaton.language
+        add("automaton", f"byte DFA with {lang.dfa.num_states:,} states and {lang.dfa.num_arcs:,} arcs; "
+                         f"token arcs built lazily as the traversal reaches states")
+        add("strings", format_count(automaton.num_strings))
+    if plan.aggregate:
+        if plan.group_by:
+            add("GROUP BY", ", ".join(unparse(g) for g in plan.group_by))
+        add("aggregate", "over every result row" + (" of every data row" if dataset is not None else ""))
+    if plan.limit is not None and (plan.where is not None or isinstance(t, Sample)):
+        add("LIMIT", f"{plan.limit:,} result rows")
+    outputs = dataset.outputs if dataset is not None else plan.outputs
+    add("columns", ", ".join(o.name for o in outputs))
+    width = max(len(k) for k, _ in lines)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in lines)

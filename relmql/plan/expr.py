@@ -1,0 +1,342 @@
+"""Expressions: the functions of the language and their evaluation over an environment.
+
+Values are Python values: str, int, float, bool, None (NULL), tuples (token ids) and lists
+(what ``lines`` returns). Comparisons are two-valued: NULL equals only NULL, so a dataset row
+whose query found nothing counts as a miss in ``avg(group(1) = :target)``. Arithmetic on NULL
+gives NULL; aggregates skip NULLs; ``count(*)`` counts rows.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+from ..syntax import ast as A
+from .options import PlanError
+
+_REGEX_SPECIAL = set(".^$*+?{}[]\\|()")
+
+
+def escape(s: str) -> str:
+    """``s`` as a regex matching exactly ``s`` (only the characters regexes treat specially are
+    escaped, so the pattern stays readable)."""
+    return "".join("\\" + c if c in _REGEX_SPECIAL else c for c in s)
+
+
+def _words(s: str, exclude=None) -> str:
+    seen = []
+    drop = {w.lower() for w in (exclude or [])}
+    for w in re.findall(r"\w+", s):
+        if w not in seen and w.lower() not in drop:
+            seen.append(w)
+    if not seen:
+        return "(?!)"  # matches nothing; planner reports the empty language
+    return "(?:" + "|".join(escape(w) for w in seen) + ")"
+
+
+def _any_of(items) -> str:
+    items = list(items) if isinstance(items, (list, tuple)) else [items]
+    return "(?:" + "|".join(escape(str(i)) for i in items) + ")" if items else "(?!)"
+
+
+def _lines(path: str) -> list:
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"no file {path!r} (relative paths start at {Path.cwd()})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read {path!r}: {e}") from None
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def _last_word(s: str) -> str:
+    parts = s.split()
+    return parts[-1] if parts else ""
+
+
+def _drop_last_word(s: str) -> str:
+    s = s.rstrip()
+    cut = max(s.rfind(" "), s.rfind("\n"), s.rfind("\t"))
+    return s[:cut].rstrip() if cut >= 0 else ""
+
+
+def _regexp_extract(s: str, pattern: str, group=0):
+    m = re.search(pattern, s)
+    return None if m is None else m.group(group)
+
+
+def _round(x, n=0):
+    return round(x, int(n)) if n else float(round(x))
+
+
+@dataclass(frozen=True)
+class Function:
+    """A scalar function: ``impl`` on argument values; ``types`` names each argument's type."""
+
+    name: str
+    impl: Callable
+    types: tuple
+    optional: int
+    doc: str
+
+
+def _f(name, impl, types, doc, optional=0):
+    return Function(name, impl, types, optional, doc)
+
+
+FUNCTIONS: Dict[str, Function] = {f.name: f for f in (
+    _f("escape", escape, ("text",), "a regex that matches exactly the text"),
+    _f("words", _words, ("text", "list"), "a regex matching any one word (\\w+) of the text, "
+       "optionally leaving out the words of a list", optional=1),
+    _f("any_of", _any_of, ("list",), "a regex matching any one item of a list, each escaped"),
+    _f("lines", _lines, ("text",), "the non-empty lines of a text file (a list)"),
+    _f("last_word", _last_word, ("text",), "the last whitespace-separated word"),
+    _f("drop_last_word", _drop_last_word, ("text",), "the text without its last word"),
+    _f("regexp_extract", _regexp_extract, ("text", "text", "int"),
+       "the first match of a regex in the text (or one of its groups); NULL if none", optional=1),
+    _f("regexp_replace", lambda s, p, r: re.sub(p, r, s), ("text", "text", "text"),
+       "the text with every match of a regex replaced"),
+    _f("replace", lambda s, a, b: s.replace(a, b), ("text", "text", "text"), "the text with a substring replaced"),
+    _f("lower", str.lower, ("text",), "lower case"),
+    _f("upper", str.upper, ("text",), "upper case"),
+    _f("trim", str.strip, ("text",), "without leading and trailing whitespace"),
+    _f("length", len, ("any",), "characters of a text, items of a list or tokens"),
+    _f("round", _round, ("number", "int"), "a number rounded to n decimals", optional=1),
+    _f("exp", math.exp, ("number",), "e to the power x"),
+    _f("ln", lambda x: math.log(x) if x > 0 else -math.inf, ("number",), "the natural logarithm"),
+    _f("abs", abs, ("number",), "the absolute value"),
+)}
+
+AGGREGATES = {"count": "the number of rows (or of non-NULL values)", "sum": "the sum of the values",
+              "avg": "the mean of the values (true counts as 1)", "min": "the least value",
+              "max": "the greatest value"}
+ROW_FUNCTIONS = {"group": "a capture group of MATCHING in the row's text: group(1), group('name')",
+                 "coalesce": "the first argument that is not NULL"}
+
+
+def is_aggregate(node) -> bool:
+    """Whether ``node`` contains an aggregate call."""
+    return any(isinstance(n, A.Call) and n.name in AGGREGATES for n in node.walk())
+
+
+class Env:
+    """What an expression can see: columns, parameters, capture groups; ``rows`` under GROUP BY."""
+
+    def column(self, node: A.Column):
+        raise PlanError(f"{node.name} is not known here", node.span)
+
+    def param(self, node: A.Param):
+        raise PlanError(f"parameter :{node.name} has no value", node.span)
+
+    def group(self, key, node: A.Node):
+        raise PlanError("group() needs a result row", node.span)
+
+    rows: Optional[List["Env"]] = None
+
+
+def _type_ok(kind: str, value) -> bool:
+    if kind == "any":
+        return True
+    if kind == "text":
+        return isinstance(value, str)
+    if kind == "list":
+        return isinstance(value, (list, tuple))
+    if kind == "int":
+        return isinstance(value, (int, str)) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_COMPARE = {"=": operator.eq, "<>": operator.ne, "<": operator.lt, ">": operator.gt, "<=": operator.le,
+            ">=": operator.ge}
+_ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "%": operator.mod}
+
+
+def evaluate(node: A.Node, env: Env) -> Any:
+    """The value of ``node`` in ``env``."""
+    if isinstance(node, A.Literal):
+        return node.value
+    if isinstance(node, A.Param):
+        return env.param(node)
+    if isinstance(node, A.Column):
+        return env.column(node)
+    if isinstance(node, A.Unary):
+        v = evaluate(node.operand, env)
+        if node.op == "NOT":
+            return not _truth(v)
+        if v is None:
+            return None
+        _need_number(v, node.operand)
+        return -v
+    if isinstance(node, A.Binary):
+        if node.op == "AND":
+            return _truth(evaluate(node.left, env)) and _truth(evaluate(node.right, env))
+        if node.op == "OR":
+            return _truth(evaluate(node.left, env)) or _truth(evaluate(node.right, env))
+        a, b = evaluate(node.left, env), evaluate(node.right, env)
+        if node.op == "||":
+            if a is None or b is None:
+                return None
+            return _text(a, node.left) + _text(b, node.right)
+        if node.op in _COMPARE:
+            if a is None or b is None:
+                return (a is None and b is None) if node.op == "=" else \
+                    (not (a is None and b is None)) if node.op == "<>" else False
+            try:
+                return _COMPARE[node.op](a, b)
+            except TypeError:
+                raise PlanError(f"cannot compare {_kind(a)} with {_kind(b)}", node.span) from None
+        if a is None or b is None:
+            return None
+        _need_number(a, node.left)
+        _need_number(b, node.right)
+        if node.op in "/%" and b == 0:
+            return None
+        return _ARITH[node.op](a, b)
+    if isinstance(node, A.InList):
+        v = evaluate(node.operand, env)
+        items = []
+        for item in node.items:
+            value = evaluate(item, env)
+            if len(node.items) == 1 and isinstance(item, A.Call) and isinstance(value, (list, tuple)):
+                items.extend(value)
+            else:
+                items.append(value)
+        return (v in items) != node.negated
+    if isinstance(node, A.Matches):
+        v = evaluate(node.operand, env)
+        pattern = _text(evaluate(node.pattern, env), node.pattern)
+        if v is None:
+            return node.negated
+        try:
+            found = re.fullmatch(pattern, _text(v, node.operand)) is not None
+        except re.error as e:
+            raise PlanError(f"bad regex: {e}", node.pattern.span) from None
+        return found != node.negated
+    if isinstance(node, A.IsNull):
+        return (evaluate(node.operand, env) is None) != node.negated
+    if isinstance(node, A.Call):
+        return _call(node, env)
+    if isinstance(node, A.Star):
+        raise PlanError("* is only allowed in SELECT * and count(*)", node.span)
+    raise PlanError(f"cannot evaluate {type(node).__name__}", getattr(node, "span", None))
+
+
+def _truth(v) -> bool:
+    return bool(v) if v is not None else False
+
+
+def _kind(v) -> str:
+    return {str: "text", bool: "a boolean", type(None): "NULL", tuple: "tokens", list: "a list"}.get(
+        type(v), "a number")
+
+
+def _text(v, node) -> str:
+    if not isinstance(v, str):
+        raise PlanError(f"expected text, got {_kind(v)} ({v!r})", node.span)
+    return v
+
+
+def _need_number(v, node):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise PlanError(f"expected a number, got {_kind(v)} ({v!r})", node.span)
+
+
+def _call(node: A.Call, env: Env):
+    name = node.name
+    if name in AGGREGATES:
+        if env.rows is None:
+            raise PlanError(f"{name}() is an aggregate: it is allowed in SELECT only", node.span)
+        return _aggregate(node, env.rows)
+    if name == "group":
+        key = evaluate(node.args[0], env)
+        return env.group(key, node)
+    if name == "coalesce":
+        for a in node.args:
+            v = evaluate(a, env)
+            if v is not None:
+                return v
+        return None
+    fn = FUNCTIONS[name]
+    args = [evaluate(a, env) for a in node.args]
+    if any(v is None for v in args):
+        return None
+    for a, v, kind in zip(node.args, args, fn.types):
+        if not _type_ok(kind, v):
+            raise PlanError(f"{name}() expects {kind if kind != 'int' else 'a whole number'} here, "
+                            f"got {_kind(v)} ({v!r})", a.span)
+    try:
+        return fn.impl(*args)
+    except re.error as e:
+        raise PlanError(f"{name}(): bad regex: {e}", node.span) from None
+    except (ValueError, IndexError, OverflowError) as e:
+        raise PlanError(f"{name}(): {e}", node.span) from None
+
+
+def _aggregate(node: A.Call, rows: List[Env]):
+    name = node.name
+    if node.args and isinstance(node.args[0], A.Star):
+        return len(rows)
+    values = [evaluate(node.args[0], r) for r in rows]
+    values = [v for v in values if v is not None]
+    if name == "count":
+        return len(values)
+    if not values:
+        return None
+    if name in ("min", "max"):
+        try:
+            return (min if name == "min" else max)(values)
+        except TypeError:
+            raise PlanError(f"{name}() over values that do not compare", node.span) from None
+    for v in values:
+        if not isinstance(v, (int, float)):
+            raise PlanError(f"{name}() needs numbers or booleans, got {_kind(v)} ({v!r})", node.args[0].span)
+    total = math.fsum(float(v) for v in values) if any(isinstance(v, float) for v in values) else sum(
+        int(v) for v in values)
+    return total / len(values) if name == "avg" else total
+
+
+def check_calls(node: A.Node, source: str, allow_aggregates: bool, allow_rows: bool) -> None:
+    """Unknown functions, wrong numbers of arguments and misplaced aggregates, before running."""
+    for n in node.walk():
+        if not isinstance(n, A.Call):
+            continue
+        known = {**{k: None for k in FUNCTIONS}, **AGGREGATES, **ROW_FUNCTIONS}
+        if n.name not in known:
+            from ..errors import closest
+            near = closest(n.name, known)
+            raise PlanError(f"unknown function {n.name}()" + (f"; did you mean {near}()?" if near else ""),
+                            n.name_span, source)
+        nargs = len(n.args)
+        if n.name in AGGREGATES:
+            if not allow_aggregates:
+                raise PlanError(f"{n.name}() is an aggregate: it is allowed in SELECT only", n.span, source)
+            star = nargs == 1 and isinstance(n.args[0], A.Star)
+            if nargs != 1 or (star and n.name != "count"):
+                raise PlanError(f"{n.name}() takes one argument" + (", or * for count(*)" if n.name == "count"
+                                                                     else ""), n.span, source)
+            if any(isinstance(m, A.Call) and m.name in AGGREGATES for a in n.args for m in a.walk()):
+                raise PlanError("aggregates cannot be nested", n.span, source)
+            continue
+        if any(isinstance(a, A.Star) for a in n.args):
+            raise PlanError(f"* is not an argument of {n.name}()", n.span, source)
+        if n.name == "group":
+            if not allow_rows:
+                raise PlanError("group() refers to a result row; it cannot be used here", n.span, source)
+            if nargs != 1:
+                raise PlanError("group() takes one argument: a group number or name", n.span, source)
+            continue
+        if n.name == "coalesce":
+            if nargs < 1:
+                raise PlanError("coalesce() takes one or more arguments", n.span, source)
+            continue
+        fn = FUNCTIONS[n.name]
+        most, least = len(fn.types), len(fn.types) - fn.optional
+        if not least <= nargs <= most:
+            want = f"{least}" if least == most else f"{least} to {most}"
+            raise PlanError(f"{n.name}() takes {want} argument{'s' if most != 1 else ''}, not {nargs}", n.span,
+                            source)

@@ -1,0 +1,136 @@
+"""The options of ``USING`` and ``SET``: one table with each option's type, default and meaning."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+from ..automata.fsa import EDIT_SCOPES
+from ..automata.language import DEFAULT_MAX_STATES
+from ..automata.tokens import TOKENIZATIONS
+from ..errors import Error, closest
+
+
+class PlanError(Error):
+    """A statement that parses but cannot be planned: unknown names, bad values, missing clauses."""
+
+    kind = "error"
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One option. ``kind``: int, float, bool, choice or text; ``where``: the part of the plan it
+    sets (decoding, compile, traversal, model)."""
+
+    name: str
+    kind: str
+    default: Any
+    where: str
+    doc: str
+    choices: Tuple[str, ...] = ()
+    low: Optional[float] = None
+    high: Optional[float] = None
+    low_open: bool = False
+    session_only: bool = False
+
+    def check(self, value, span=None, source=None):
+        """``value`` converted to this option's type, or a ``PlanError``."""
+        def bad(why):
+            return PlanError(f"{self.name} {why}", span, source)
+        if value is None:
+            if self.default is None and self.kind in ("int", "float"):
+                return None
+            raise bad("needs a value")
+        if self.kind == "bool":
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "on", "yes", "1", "false", "off", "no", "0"):
+                return value.lower() in ("true", "on", "yes", "1")
+            if isinstance(value, int) and value in (0, 1):
+                return bool(value)
+            raise bad(f"is true or false, not {value!r}")
+        if self.kind == "choice":
+            v = str(value).lower() if isinstance(value, str) else value
+            if v not in self.choices:
+                near = closest(str(value), self.choices)
+                raise PlanError(f"{self.name} is one of {', '.join(self.choices)}, not {value!r}", span, source,
+                                hint=f"did you mean {near}?" if near else None)
+            return v
+        if self.kind == "text":
+            if not isinstance(value, str):
+                raise bad(f"is a string, not {value!r}")
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, str):
+                try:
+                    value = float(value) if self.kind == "float" else int(value)
+                except ValueError:
+                    raise bad(f"is a number, not {value!r}") from None
+            else:
+                raise bad(f"is a number, not {value!r}")
+        if self.kind == "int":
+            if isinstance(value, float):
+                if not value.is_integer():
+                    raise bad(f"is a whole number, not {value!r}")
+                value = int(value)
+        else:
+            value = float(value)
+            if not math.isfinite(value):
+                raise bad(f"is a finite number, not {value!r}")
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            raise bad(f"must be {'more than' if self.low_open else 'at least'} {self.low:g}, not {value!r}")
+        if self.high is not None and value > self.high:
+            raise bad(f"must be at most {self.high:g}, not {value!r}")
+        return value
+
+
+OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
+    OptionSpec("topk", "int", None, "decoding", "keep only the k most probable next tokens (completion only)",
+               low=1),
+    OptionSpec("topp", "float", None, "decoding",
+               "keep only the most probable next tokens that reach probability p (completion only)",
+               low=0, high=1, low_open=True),
+    OptionSpec("temperature", "float", 1.0, "decoding", "divide the logits by this", low=0, low_open=True),
+    OptionSpec("eos", "bool", False, "decoding", "a string must be followed by the end-of-text token"),
+    OptionSpec("tokenization", "choice", "canonical", "compile",
+               "completion token sequences: canonical (what the tokenizer produces) or all", TOKENIZATIONS),
+    OptionSpec("prefix_tokenization", "choice", "canonical", "compile",
+               "prefix token sequences: canonical or all", TOKENIZATIONS),
+    OptionSpec("edits", "int", 0, "compile", "allow up to n character edits (insert, delete, substitute)",
+               low=0, high=64),
+    OptionSpec("edit_scope", "choice", "all", "compile", "where edits may fall: all, prefix or completion",
+               EDIT_SCOPES),
+    OptionSpec("max_states", "int", DEFAULT_MAX_STATES, "compile", "the largest byte automaton allowed", low=1),
+    OptionSpec("max_tokens", "int", 64, "traversal", "the longest completion, in tokens", low=1),
+    OptionSpec("max_nodes", "int", None, "traversal",
+               "ranking queries: stop searching after this many search nodes (rows found are still exact, "
+               "in order; later ones may be missing)", low=1),
+    OptionSpec("max_prefix_tokens", "int", 1024, "traversal", "the longest prefix, in tokens", low=1),
+    OptionSpec("batch_size", "int", None, "traversal",
+               "nodes (shortest path) or samples (SAMPLE) per model call; default 32 and 64", low=1),
+    OptionSpec("sampling", "choice", "local", "traversal",
+               "SAMPLE draws: local (renormalized over the language, with importance weights) or exact "
+               "(rejection: the model's distribution conditioned on the language)", ("local", "exact")),
+    OptionSpec("seed", "int", 0, "traversal", "random seed of SAMPLE", low=0),
+    OptionSpec("device", "text", "cpu", "model", "where the model runs: cpu, cuda, cuda:N or auto"),
+    OptionSpec("dtype", "choice", "auto", "model", "model weights: auto, float32, bfloat16 or float16",
+               ("auto", "float32", "bfloat16", "float16"), session_only=True),
+    OptionSpec("model", "text", "smollm2-135m", "model",
+               "the default model: a built-in name, a local directory or a hub id", session_only=True),
+)}
+
+
+def option(name: str, span=None, source=None) -> OptionSpec:
+    """The option called ``name``, or an error naming the closest one."""
+    spec = OPTIONS.get(name.lower())
+    if spec is None:
+        near = closest(name, OPTIONS)
+        raise PlanError(f"unknown option {name!r}" + (f"; did you mean {near}?" if near else ""), span, source,
+                        hint=None if near else f"options: {', '.join(OPTIONS)}")
+    return spec
+
+
+def defaults() -> Dict[str, Any]:
+    """Every option at its default."""
+    return {name: spec.default for name, spec in OPTIONS.items()}

@@ -1,0 +1,460 @@
+"""Query (syntax tree) → a typed ``QueryPlan`` (or a ``DatasetPlan``: one query per data row)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+
+from ..automata import CompileOptions
+from ..errors import Error, closest
+from ..execute import COLUMNS, Decoding, Sample, ShortestPath
+from ..syntax import ast as A
+from ..syntax import string_literal_at, unparse
+from .expr import AGGREGATES, Env, check_calls, escape, evaluate, is_aggregate
+from .options import OPTIONS, PlanError, option
+
+ORDER_COLUMNS = {"prob": "prob", "total_prob": "total_prob", "logprob": "prob", "total_logprob": "total_prob"}
+DEFAULT_COLUMNS = ("rank", "text", "prob")
+DATASET_FIELDS = ("row_number",)
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """Which model runs a query."""
+
+    name: str
+    device: str = "cpu"
+    dtype: str = "auto"
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output column: its name and the expression that computes it."""
+
+    name: str
+    expr: A.Node
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    """Everything needed to run one query, every option typed and checked.
+
+    ``exclude``: regexes removed from the language in the automaton (compiled filters);
+    ``where``: the part of WHERE evaluated on result rows. ``limit`` bounds the result rows
+    (after ``where``); aggregates run over them.
+    """
+
+    source: str
+    model: ModelRef
+    matching: str
+    prefix: Optional[str]
+    compile: CompileOptions
+    decoding: Decoding
+    traversal: Union[ShortestPath, Sample]
+    outputs: Tuple[Output, ...]
+    where: Optional[A.Node] = None
+    group_by: Tuple[A.Node, ...] = ()
+    aggregate: bool = False
+    limit: Optional[int] = None
+    params: Tuple[Tuple[str, Any], ...] = ()
+    group_names: Tuple[str, ...] = ()
+    matching_span: Tuple[int, int] = (0, 0)
+    prefix_span: Optional[Tuple[int, int]] = None
+    model_span: Optional[Tuple[int, int]] = None
+    matching_offsets: Optional[Tuple[int, ...]] = field(default=None, repr=False)
+    prefix_offsets: Optional[Tuple[int, ...]] = field(default=None, repr=False)
+
+    @property
+    def columns(self) -> Tuple[str, ...]:
+        return tuple(o.name for o in self.outputs)
+
+    def param_dict(self) -> Dict[str, Any]:
+        return dict(self.params)
+
+    def source_error(self, err: Error) -> Error:
+        """A compiler error (span inside a regex) moved onto the query text."""
+        role = err.role or "MATCHING"
+        span, offsets = (self.prefix_span, self.prefix_offsets) if role == "PREFIX" else \
+            (self.matching_span, self.matching_offsets)
+        if span is None:
+            return err
+        if offsets is not None and err.span is not None:
+            s, e = err.span
+            s = offsets[min(max(s, 0), len(offsets) - 1)]
+            e = offsets[min(max(e, 0), len(offsets) - 1)]
+            new_span = (s, max(e, s + 1))
+        else:
+            new_span = span
+        out = type(err)(err.message if offsets is not None or err.span is None
+                        else f"{err.message} (in the regex {role} evaluates to)", new_span, self.source, err.hint)
+        out.role = err.role
+        return out
+
+
+@dataclass(frozen=True)
+class DatasetPlan:
+    """A query run once per row of a data file, the row's fields bound as parameters; ``plan_row``
+    gives each row's ``QueryPlan``. Outputs and aggregates span all rows."""
+
+    source: str
+    query: A.Query
+    path: str
+    settings: Tuple[Tuple[str, Any], ...]
+    params: Tuple[Tuple[str, Any], ...]
+    outputs: Tuple[Output, ...]
+    aggregate: bool
+    group_by: Tuple[A.Node, ...]
+    row_where: Optional[A.Node] = None
+    row_limit: Optional[int] = None
+
+    @property
+    def columns(self) -> Tuple[str, ...]:
+        return tuple(o.name for o in self.outputs)
+
+
+Plan = Union[QueryPlan, DatasetPlan]
+
+
+class _ConstEnv(Env):
+    def __init__(self, params: Mapping[str, Any], source: str, where: str):
+        self.params, self.source, self.where = params, source, where
+
+    def column(self, node):
+        raise PlanError(f"{self.where} cannot refer to the result column {node.name!r}", node.span, self.source,
+                        hint="use a :parameter or a string")
+
+    def param(self, node):
+        if node.name not in self.params:
+            near = closest(node.name, self.params)
+            raise PlanError(f"parameter :{node.name} has no value" + (f"; did you mean :{near}?" if near else ""),
+                            node.span, self.source,
+                            hint="bind it with params={...} in Python, --param name=value on the command line, "
+                                 "or a dataset field")
+        return self.params[node.name]
+
+    def group(self, key, node):
+        raise PlanError(f"{self.where} cannot use group(): there is no result row yet", node.span, self.source)
+
+
+def _const(node: A.Node, params, source, where):
+    check_calls(node, source, allow_aggregates=False, allow_rows=False)
+    try:
+        return evaluate(node, _ConstEnv(params, source, where))
+    except Error as e:
+        raise _sourced(e, source) from None
+
+
+def _sourced(e: Error, source: str) -> Error:
+    if e.source is None and e.span is not None:
+        e.source = source
+    return e
+
+
+def _text(node, params, source, where) -> str:
+    value = _const(node, params, source, where)
+    if not isinstance(value, str):
+        raise PlanError(f"{where} must be text (a regex), not {value!r}", node.span, source)
+    return value
+
+
+def _count(node, params, source, what) -> int:
+    value = _const(node, params, source, what)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PlanError(f"{what} must be a whole number of zero or more, not {value!r}", node.span, source)
+    return value
+
+
+def plan(query: A.Query, source: str, settings: Mapping[str, Any], params: Optional[Mapping[str, Any]] = None) -> Plan:
+    """The plan of ``query`` (its text is ``source``) under the session ``settings`` and ``params``."""
+    params = dict(params or {})
+    if query.dataset is not None:
+        return _plan_dataset(query, source, settings, params)
+    return _plan_query(query, source, settings, params)
+
+
+def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
+    if query.matching is None:
+        raise PlanError("a query needs MATCHING 'regex': the set of strings to look for",
+                        (query.span[0], query.span[1]) if query.span != (0, 0) else None, source)
+    matching = _text(query.matching, params, source, "MATCHING")
+    prefix = _text(query.prefix, params, source, "PREFIX") if query.prefix is not None else None
+    opts = _options(query, source, settings, params)
+    model_name = opts["model"]
+    if query.model is not None:
+        model_name = _const(query.model, params, source, "FROM")
+        if not isinstance(model_name, str):
+            raise PlanError(f"FROM needs a model name, not {model_name!r}", query.model.span, source)
+    model = ModelRef(model_name, opts["device"], opts["dtype"])
+    decoding = Decoding(temperature=opts["temperature"], topk=opts["topk"], topp=opts["topp"], eos=opts["eos"])
+    if query.sample is not None and query.order:
+        raise PlanError("a query either samples (SAMPLE n) or ranks (ORDER BY), not both", query.order[0].span, source)
+    limit = _count(query.limit, params, source, "LIMIT") if query.limit is not None else None
+
+    groups = _group_names(matching)
+    outputs, aggregate, group_by = _select(query, source, groups)
+    where, exclude = _where(query, source, params, groups, opts)
+    push = limit if where is None else None  # the traversal may stop at LIMIT only when no row is filtered out
+    if query.sample is not None:
+        n = _count(query.sample, params, source, "SAMPLE")
+        if push is not None:
+            n = min(n, push)
+        traversal = Sample(n, seed=opts["seed"], mode=opts["sampling"], max_tokens=opts["max_tokens"],
+                           batch_size=opts["batch_size"] or 64, max_prefix_tokens=opts["max_prefix_tokens"])
+    else:
+        order = "prob"
+        if query.order:
+            if len(query.order) > 1:
+                raise PlanError("ORDER BY takes one column: prob or total_prob", query.order[1].span, source)
+            key = query.order[0]
+            if key.column not in ORDER_COLUMNS:
+                near = closest(key.column, ORDER_COLUMNS)
+                raise PlanError(f"cannot order by {key.column!r}: results come most probable first, by prob or "
+                                f"total_prob" + (f"; did you mean {near}?" if near else ""), key.span, source)
+            if not key.descending:
+                raise PlanError("results come most probable first: only ORDER BY ... DESC is possible", key.span,
+                                source)
+            order = ORDER_COLUMNS[key.column]
+        traversal = ShortestPath(order=order, limit=push, max_tokens=opts["max_tokens"],
+                                 batch_size=opts["batch_size"] or 32, max_prefix_tokens=opts["max_prefix_tokens"],
+                                 max_nodes=opts["max_nodes"])
+        if not query.select and order == "total_prob":
+            outputs = tuple(Output(c, A.Column(c)) for c in ("rank", "text", "total_prob"))
+    compile_options = CompileOptions(tokenization=opts["tokenization"], prefix_tokenization=opts["prefix_tokenization"],
+                                     edits=opts["edits"], edit_scope=opts["edit_scope"], exclude=tuple(exclude),
+                                     max_states=opts["max_states"])
+    m_off = string_literal_at(source, query.matching.span) if isinstance(query.matching, A.Literal) else None
+    p_off = string_literal_at(source, query.prefix.span) if isinstance(query.prefix, A.Literal) else None
+    return QueryPlan(source, model, matching, prefix, compile_options, decoding, traversal, outputs, where,
+                     group_by, aggregate, limit, tuple(sorted(params.items(), key=lambda kv: kv[0])),
+                     groups, query.matching.span, query.prefix.span if query.prefix is not None else None,
+                     query.model.span if query.model is not None else None,
+                     tuple(m_off) if m_off else None, tuple(p_off) if p_off else None)
+
+
+def _options(query: A.Query, source: str, settings, params) -> Dict[str, Any]:
+    opts = dict(settings)
+    seen = {}
+    for o in query.using:
+        spec = option(o.name, o.name_span, source)
+        if spec.session_only:
+            how = "FROM model" if spec.name == "model" else f"SET {spec.name} = ..."
+            raise PlanError(f"{spec.name} cannot be set per query; use {how}", o.name_span, source)
+        if spec.name in seen:
+            raise PlanError(f"option {spec.name} is given twice", o.name_span, source)
+        seen[spec.name] = True
+        if o.value is None:
+            if spec.kind != "bool":
+                raise PlanError(f"{spec.name} needs a value", o.name_span, source, hint=f"{spec.name}: {spec.doc}")
+            value = True
+        else:
+            value = _const(o.value, params, source, "USING")
+        opts[spec.name] = spec.check(value, o.value.span if o.value is not None else o.span, source)
+    return opts
+
+
+def _group_names(matching: str) -> Tuple[str, ...]:
+    try:
+        return tuple(re.compile(matching).groupindex)
+    except (re.error, RecursionError, OverflowError, ValueError):
+        return ()  # the compiler reports the pattern's error with its position
+
+
+def _check_columns(node: A.Node, source: str, known, extra=()) -> None:
+    for n in node.walk():
+        if isinstance(n, A.Column) and n.name not in known and n.name not in extra:
+            near = closest(n.name, list(known) + list(extra))
+            raise PlanError(f"unknown column {n.name!r}" + (f"; did you mean {near}?" if near else ""), n.span, source,
+                            hint=None if near else f"columns: {', '.join(list(known) + list(extra))}")
+
+
+def _select(query: A.Query, source: str, groups) -> Tuple[Tuple[Output, ...], bool, Tuple[A.Node, ...]]:
+    known = tuple(COLUMNS) + tuple(groups)
+    items: List[Output] = []
+    for item in query.select:
+        if isinstance(item.expr, A.Star):
+            items.extend(Output(c, A.Column(c)) for c in COLUMNS)
+            continue
+        check_calls(item.expr, source, allow_aggregates=True, allow_rows=True)
+        _check_columns(item.expr, source, known)
+        items.append(Output(item.alias or (item.expr.name if isinstance(item.expr, A.Column) else unparse(item.expr)),
+                            item.expr))
+    if not items:
+        items = [Output(c, A.Column(c)) for c in DEFAULT_COLUMNS]
+    aliases = {o.name: o.expr for o in items}
+    group_by = []
+    for g in query.group_by:
+        if isinstance(g, A.Column) and g.name not in known and g.name in aliases:
+            g = aliases[g.name]
+        elif isinstance(g, A.Literal) and isinstance(g.value, int) and not isinstance(g.value, bool):
+            if not 1 <= g.value <= len(items):  # GROUP BY 1: the first output column
+                raise PlanError(f"GROUP BY {g.value}: there are {len(items)} output columns", g.span, source)
+            g = items[g.value - 1].expr
+        check_calls(g, source, allow_aggregates=False, allow_rows=True)
+        _check_columns(g, source, known)
+        group_by.append(g)
+    aggregate = bool(group_by) or any(is_aggregate(o.expr) for o in items)
+    if aggregate:
+        for o, item in zip(items, query.select or ()):
+            if not is_aggregate(o.expr) and o.expr not in group_by and not _only_constants(o.expr):
+                raise PlanError(f"{o.name} must be in GROUP BY or inside an aggregate such as count()",
+                                item.span, source)
+    names = [o.name for o in items]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        items = [Output(o.name if names.count(o.name) == 1 else f"{o.name}_{i + 1}", o.expr)
+                 for i, o in enumerate(items)]
+    return tuple(items), aggregate, tuple(group_by)
+
+
+def _only_constants(node: A.Node) -> bool:
+    return not any(isinstance(n, (A.Column,)) or (isinstance(n, A.Call) and n.name == "group") for n in node.walk())
+
+
+def _conjuncts(node: A.Node) -> List[A.Node]:
+    if isinstance(node, A.Binary) and node.op == "AND":
+        return _conjuncts(node.left) + _conjuncts(node.right)
+    return [node]
+
+
+def _where(query: A.Query, source: str, params, groups, opts) -> Tuple[Optional[A.Node], List[str]]:
+    """WHERE split into regexes the automaton can exclude and the rest, evaluated on rows."""
+    if query.where is None:
+        return None, []
+    check_calls(query.where, source, allow_aggregates=False, allow_rows=True)
+    _check_columns(query.where, source, tuple(COLUMNS) + tuple(groups))
+    exclude, rest = [], []
+    for c in _conjuncts(query.where):
+        regex = _exclusion(c, params, source)
+        if regex is None:
+            rest.append(c)
+            continue
+        exclude.append(regex)
+        if opts["edits"]:
+            rest.append(c)  # an edited string can match what the unedited language excluded
+    if not rest:
+        return None, exclude
+    node = rest[0]
+    for c in rest[1:]:
+        node = A.Binary("AND", node, c, (node.span[0], c.span[1]))
+    return node, exclude
+
+
+def _exclusion(node: A.Node, params, source) -> Optional[str]:
+    """``text NOT MATCHING 'r'`` and ``text NOT IN ('a', ...)`` with constant right sides: regexes."""
+    if isinstance(node, A.Matches) and node.negated and node.operand == A.Column("text"):
+        if any(isinstance(n, (A.Column,)) or (isinstance(n, A.Call) and n.name == "group")
+               for n in node.pattern.walk()):
+            return None
+        return _text(node.pattern, params, source, "NOT MATCHING")
+    if isinstance(node, A.InList) and node.negated and node.operand == A.Column("text"):
+        if any(isinstance(n, A.Column) or (isinstance(n, A.Call) and n.name == "group")
+               for i in node.items for n in i.walk()):
+            return None
+        values = []
+        for i in node.items:
+            v = _const(i, params, source, "NOT IN")
+            values.extend(v if isinstance(v, (list, tuple)) else [v])
+        if not all(isinstance(v, str) for v in values) or not values:
+            return None
+        return "|".join(escape(v) for v in values)
+    return None
+
+
+# -- datasets
+
+def _plan_dataset(query: A.Query, source: str, settings, params) -> DatasetPlan:
+    d = query.dataset
+    path = _text(d.source, params, source, "FOR EACH ROW IN")
+    if not Path(path).expanduser().is_file():
+        raise PlanError(f"no data file {path!r}", d.source.span, source,
+                        hint=f"relative paths start at the current directory, {Path.cwd()}")
+    if not path.lower().endswith((".jsonl", ".csv", ".json", ".ndjson", ".tsv")):
+        raise PlanError(f"{path!r}: data files are .jsonl, .json, .csv or .tsv", d.source.span, source)
+    row_limit = _count(d.limit, params, source, "LIMIT") if d.limit is not None else None
+    if d.where is not None:
+        check_calls(d.where, source, allow_aggregates=False, allow_rows=False)
+        _check_columns(d.where, source, ())
+    # outputs are checked against a representative row plan when the first row is planned
+    groups = ()
+    if query.matching is not None:
+        try:
+            first = next(iter_rows(path, source, d.source.span), None)
+        except Error:
+            first = None
+        if first is not None:
+            try:
+                groups = _group_names(_text(query.matching, {**params, **first}, source, "MATCHING"))
+            except Error:
+                groups = ()
+    outputs, aggregate, group_by = _select(query, source, groups)
+    return DatasetPlan(source, query, path, tuple(settings.items()), tuple(params.items()), outputs, aggregate,
+                       group_by, d.where, row_limit)
+
+
+def iter_rows(path: str, source: str = "", span=None) -> Iterator[Dict[str, Any]]:
+    """The rows of a JSONL, JSON (a list of objects), CSV or TSV file as dicts, each with its 1-based
+    ``row_number``."""
+    p = Path(path).expanduser()
+    lower = path.lower()
+    try:
+        f = p.open(encoding="utf-8", newline="")
+    except OSError as e:
+        raise PlanError(f"cannot open {path!r}: {e.strerror}", span, source or None) from None
+    with f:
+        if lower.endswith((".csv", ".tsv")):
+            reader = csv.DictReader(f, delimiter="\t" if lower.endswith(".tsv") else ",")
+            for i, row in enumerate(reader, 1):
+                yield {**{_field(k): v for k, v in row.items() if k is not None}, "row_number": i}
+            return
+        if lower.endswith(".json"):
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as e:
+                raise PlanError(f"{path}: not JSON: {e}", span, source or None) from None
+            if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+                raise PlanError(f"{path}: a .json data file is a list of objects", span, source or None)
+            for i, row in enumerate(data, 1):
+                yield {**{_field(k): v for k, v in row.items()}, "row_number": i}
+            return
+        n = 0
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise PlanError(f"{path}, line {line_no}: not JSON: {e.msg}", span, source or None) from None
+            if not isinstance(row, dict):
+                raise PlanError(f"{path}, line {line_no}: each line must be a JSON object", span, source or None)
+            n += 1
+            yield {**{_field(k): v for k, v in row.items()}, "row_number": n}
+
+
+def _field(name: str) -> str:
+    return re.sub(r"\W", "_", str(name).strip())
+
+
+def plan_row(dplan: DatasetPlan, row: Mapping[str, Any]) -> QueryPlan:
+    """The query of one data row (a pure function of the dataset plan and the row)."""
+    params = {**dict(dplan.params), **row}
+    query = A.Query(**{f: getattr(dplan.query, f) for f in dplan.query.__dataclass_fields__ if f != "dataset"})
+    return _plan_query(query, dplan.source, dict(dplan.settings), params)
+
+
+def row_selected(dplan: DatasetPlan, row: Mapping[str, Any]) -> bool:
+    """Whether ``row`` passes the dataset's WHERE."""
+    if dplan.row_where is None:
+        return True
+    params = {**dict(dplan.params), **row}
+    value = _const(dplan.row_where, params, dplan.source, "FOR EACH ROW ... WHERE")
+    return bool(value)
+
+
+__all__ = ["plan", "plan_row", "row_selected", "iter_rows", "QueryPlan", "DatasetPlan", "Plan", "ModelRef", "Output",
+           "OPTIONS", "AGGREGATES"]

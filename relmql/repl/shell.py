@@ -1,0 +1,283 @@
+"""What the shell does with each submitted buffer: meta-commands, statements run in a worker
+thread (so that Ctrl-C cancels the query and not the shell), results, errors and the timer line.
+
+No prompt_toolkit here: ``Shell`` reads nothing, it is handed text (by ``run_repl``, or by
+``.read``) and writes to streams.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import IO, Iterator, List, Optional, Tuple
+
+from ..errors import Error
+from .commands import run_command
+
+__all__ = ["Shell"]
+
+_MAX_READ_DEPTH = 16
+
+
+class _Ticket:
+    """The link between the waiting main thread and the worker: ``cancel()`` from the main thread
+    cancels the statement's ``Result`` whether or not the worker has made it yet."""
+
+    def __init__(self):
+        self.stopped = False
+        self.result = None
+
+    def attach(self, result) -> None:
+        self.result = result
+        if self.stopped:
+            result.cancel()
+
+    def cancel(self) -> None:
+        self.stopped = True
+        result = self.result
+        if result is not None:
+            result.cancel()
+
+
+class Shell:
+    """The state of one shell session: the connection, the output mode and file, the timer and
+    explain switches. Results go to ``out`` (the screen, or the file of ``.output``); messages
+    (SET, the timer, meta-commands) to ``console``; errors to ``err``."""
+
+    def __init__(self, con, stdout: Optional[IO[str]] = None, stderr: Optional[IO[str]] = None,
+                 params=None):
+        self.con = con
+        self.console = stdout or sys.stdout
+        self.err = stderr or sys.stderr
+        self.out = self.console
+        self.out_path: Optional[str] = None
+        self.params = params
+        self.mode = "table"
+        self.timer = False
+        self.explain = False
+        self.done = False
+        self.width = None  # a callable giving the screen's width, for tables (default: the terminal's)
+        self._depth = 0
+
+    # -- writing
+    def say(self, text: str) -> None:
+        self.console.write(text + "\n")
+        self.console.flush()
+
+    def warn(self, text: str) -> None:
+        self.err.write(text + "\n")
+        self.err.flush()
+
+    def report(self, e: BaseException, name: Optional[str] = None) -> None:
+        """One clean message for any failure: an ``Error`` rendered with its caret, anything else
+        (a bug) as one line, never a traceback."""
+        if isinstance(e, Error):
+            self.warn(_located(e, name))
+        elif isinstance(e, KeyboardInterrupt):
+            self.warn("cancelled")
+        else:
+            self.warn(f"internal error: {type(e).__name__}: {e}\n"
+                      "hint: this is a bug in relmql; the shell keeps running")
+
+    def set_output(self, path: Optional[str]) -> None:
+        """Results to the file at ``path`` (None: back to the screen)."""
+        new = self.console
+        if path is not None:
+            try:
+                new = open(path, "w", encoding="utf-8", newline="")
+            except OSError as e:
+                raise Error(f"cannot write {path}: {e.strerror or e}") from None
+        self.close()
+        self.out, self.out_path = new, path
+
+    def close(self) -> None:
+        if self.out is not self.console:
+            try:
+                self.out.close()
+            except OSError:
+                pass
+        self.out, self.out_path = self.console, None
+
+    # -- input
+    def handle(self, text: str) -> None:
+        """One submitted buffer: a meta-command line (maybe followed by statements), ``exit``,
+        or statements."""
+        stripped = text.strip()
+        if not stripped:
+            return
+        if stripped.startswith("."):
+            first, _, rest = stripped.partition("\n")
+            try:
+                run_command(self, first)
+            except Error as e:
+                self.report(e)
+                return
+            if rest.strip() and not self.done:
+                self.run_text(rest)
+            return
+        if stripped.rstrip(";").strip().lower() in ("exit", "quit"):
+            self.done = True
+            return
+        self.run_text(text)
+
+    def run_text(self, text: str, name: Optional[str] = None) -> bool:
+        """Run every statement of ``text`` (and, in a ``.read`` file, its meta-command lines);
+        stops at the first error. ``name``: the file, for error locations. Returns success."""
+        if name is None:
+            return self._run_sql(text, None)
+        if self._depth >= _MAX_READ_DEPTH:
+            raise Error(f".read nested more than {_MAX_READ_DEPTH} deep (does {name} read itself?)")
+        self._depth += 1
+        try:
+            for kind, body, line in _chunks(text):
+                if self.done:
+                    return True
+                if kind == "command":
+                    try:
+                        run_command(self, body)
+                    except Error as e:
+                        self.warn(f"{name}:{line}: {e.render()}")
+                        return False
+                elif not self._run_sql("\n" * (line - 1) + body, name):
+                    return False
+            return True
+        finally:
+            self._depth -= 1
+
+    def _run_sql(self, text: str, name: Optional[str]) -> bool:
+        from ..syntax import parse
+        try:
+            statements = parse(text)
+        except Error as e:
+            self.report(e, name)
+            return False
+        for st in statements:
+            if not self.run_statement(st, text, name):
+                return False
+        return True
+
+    def run_statement(self, st, text: str, name: Optional[str] = None) -> bool:
+        """Run one parsed statement in a worker thread and show its result."""
+        def job(ticket: _Ticket):
+            result = self.con._statement(st, text, self.params)
+            ticket.attach(result)
+            if not ticket.stopped:
+                self._show(result)
+
+        start = time.perf_counter()
+        stopped, error = self.background(job)
+        elapsed = time.perf_counter() - start
+        if stopped:
+            self.warn("cancelled")
+        elif error is not None:
+            self.report(error, name)
+            return False
+        if self.timer:
+            self.say(f"time: {elapsed:.3f} s")
+        return not stopped
+
+    def use_model(self, name: str) -> None:
+        """``.model NAME``: set the session's model and load it now, so that a bad name fails here."""
+        old = self.con.settings["model"]
+
+        def job(ticket):
+            self.con.set("model", name)
+            self.con.model()
+
+        stopped, error = self.background(job)
+        if stopped or error is not None:
+            self.con.settings["model"] = old
+        if stopped:
+            self.warn("cancelled")
+        elif error is not None:
+            self.report(error)
+        else:
+            self.say(f"model: {self.con.settings['model']}")
+
+    def background(self, job) -> Tuple[bool, Optional[BaseException]]:
+        """Run ``job(ticket)`` in a worker thread while this thread waits; Ctrl-C (a
+        KeyboardInterrupt here) cancels it, then waits for the worker to stop at its next model
+        call. Returns (cancelled, the exception the job raised or None)."""
+        ticket = _Ticket()
+        box: List[BaseException] = []
+        finished = threading.Event()
+
+        def target():
+            try:
+                job(ticket)
+            except BaseException as e:  # handed to the main thread, reported there
+                box.append(e)
+            finally:
+                finished.set()
+
+        worker = threading.Thread(target=target, name="relmql-statement", daemon=True)
+        worker.start()
+        # Poll with sleep, not Thread.join: a KeyboardInterrupt inside join() can mark a running
+        # thread as stopped (CPython gh-90882), and the worker would outlive the statement.
+        while not finished.is_set():
+            try:
+                time.sleep(0.02)
+            except KeyboardInterrupt:
+                if ticket.stopped:
+                    self.warn("cancelling: waiting for the current model call to end")
+                ticket.cancel()
+        worker.join()
+        return ticket.stopped, (box[0] if box else None)
+
+    def _show(self, result) -> None:
+        from ..output import write
+        from ..output.format import StreamingTable
+        if result.kind == "status":
+            self.say(result.message or "")
+            return
+        if result.kind == "text" and self.mode == "table":
+            for (line,) in result:
+                self.out.write(line + "\n")
+            self.out.flush()
+            return
+        if self.explain and result.kind == "rows":
+            self.say(result.explain() + "\n")
+        if self.mode == "table":  # rows as they come, sized to the screen
+            table = StreamingTable(result.columns, self.out, width=self.width() if self.width else None,
+                                   kinds=result.kinds)
+            try:
+                for row in result:
+                    table.row(row)
+            finally:
+                table.close()
+        else:
+            write(result.columns, iter(result), self.mode, self.out, kinds=result.kinds)
+        self.out.flush()
+
+
+def _located(e: Error, name: Optional[str]) -> str:
+    text = e.render()
+    if name and e.span is not None and e.source is not None:
+        line = e.source.count("\n", 0, e.span[0]) + 1
+        return f"{name}:{line}: {text}"
+    return text
+
+
+def _chunks(text: str) -> Iterator[Tuple[str, str, int]]:
+    """A script split into ("sql", text, first line) and ("command", line, line) parts: a line
+    that starts with '.' where no statement is open is a meta-command."""
+    from .completer import scan
+    sql: List[str] = []
+    start = 1
+    for no, line in enumerate(text.splitlines(keepends=True), 1):
+        pending = "".join(sql)
+        tokens, state = scan(pending)
+        is_open = state is not None or (tokens and tokens[-1] != ";")
+        if line.lstrip().startswith(".") and not is_open and not line.lstrip()[1:2].isdigit():
+            if pending.strip():
+                yield "sql", pending, start
+            sql = []
+            yield "command", line.strip(), no
+            start = no + 1
+            continue
+        if not sql:
+            start = no
+        sql.append(line)
+    if "".join(sql).strip():
+        yield "sql", "".join(sql), start

@@ -1,0 +1,254 @@
+"""The Python API: ``connect()``, ``Connection.sql()`` and the lazy ``Result``."""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import time
+
+import pytest
+
+import relmql
+from relmql.execute import Cancelled
+from relmql.plan import OPTIONS, PlanError
+
+SMALL = "SELECT rank, text, prob MATCHING '(The|A) (cat|dog|bird) (sat|ran)' PREFIX '(The|A)'"  # 12 rows
+LONG = "SELECT text MATCHING '[a-z]{1,30}' USING topk 50 LIMIT 100000"  # runs for minutes
+
+
+@pytest.fixture(scope="module")
+def con():
+    return relmql.connect(model="tiny-gpt2", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def model(con):
+    return con.model()
+
+
+def fresh(con, **options):
+    """A new session sharing ``con``'s loaded model (so that it is not loaded again)."""
+    new = relmql.connect(model="tiny-gpt2", dtype="float32", **options)
+    new._models = dict(con._models)
+    return new
+
+
+# -- laziness
+
+def test_a_result_runs_nothing_until_it_is_read(con, model):
+    before = model.stats.calls
+    start = time.monotonic()
+    result = con.sql(LONG)
+    assert time.monotonic() - start < 1.0
+    assert model.stats.calls == before
+    assert result.columns == ("text",)
+    first = result.fetchone()
+    assert first is not None and re.fullmatch("[a-z]{1,30}", first[0])
+    used = model.stats.calls - before
+    assert 0 < used < 100  # the first row, not the whole search
+    result.fetchmany(2)
+    assert model.stats.calls - before < 200
+
+
+def test_the_model_loads_on_first_read():
+    con = relmql.connect(model="tiny-gpt2", dtype="float32")
+    loaded = lambda: dict((m, l) for m, _, l in con.sql("SHOW MODELS"))["tiny-gpt2"]  # noqa: E731, E741
+    result = con.sql(SMALL)
+    assert loaded() is False
+    assert len(result.fetchmany(2)) == 2
+    assert loaded() is True
+
+
+# -- reading rows
+
+def test_fetch_methods_agree(con):
+    everything = con.sql(SMALL).fetchall()
+    assert len(everything) == 12 and all(isinstance(r, tuple) and len(r) == 3 for r in everything)
+    r = con.sql(SMALL)
+    one = r.fetchone()
+    some = r.fetchmany(4)
+    rest = r.fetchall()
+    assert [one] + some + rest == everything
+    assert r.fetchone() is None and r.fetchmany(3) == [] and r.fetchall() == []
+    # iteration starts from the first row whatever was fetched
+    assert list(r) == everything and len(r) == 12
+    dicts = con.sql(SMALL).to_dicts()
+    assert dicts == [dict(zip(("rank", "text", "prob"), row)) for row in everything]
+    assert [d["rank"] for d in dicts] == list(range(1, 13))
+
+
+def test_iterating_twice_gives_the_same_rows_without_running_again(con, model):
+    r = con.sql(SMALL.replace("SELECT", "SELECT completion,") + " USING seed 4 SAMPLE 9")
+    first = list(r)
+    calls = model.stats.calls
+    assert list(r) == first and len(first) == 9
+    assert model.stats.calls == calls
+    # two iterators over one result, interleaved, see the same rows
+    a, b = iter(r), iter(r)
+    assert [next(a), next(a)] == [next(b), next(b)] == first[:2]
+
+
+def test_repr_is_a_bounded_table(con):
+    text = repr(con.sql(SMALL))
+    body = [line for line in text.splitlines() if line.startswith("│")]
+    assert [c.strip() for c in body[0].split("│")[1:-1]] == ["rank", "text", "prob"]
+    assert len(body) == 1 + 10
+    assert text.splitlines()[-1] == "(10 of 10+ rows shown)"
+    few = repr(con.sql(SMALL + " LIMIT 3"))
+    assert few.splitlines()[-1] == "(3 rows)"
+    assert len([line for line in few.splitlines() if line.startswith("│")]) == 4
+    assert "The" in few
+
+
+def test_repr_html(con):
+    page = con.sql(SMALL)._repr_html_()
+    assert page.startswith("<table>") and "</table>" in page
+    assert "<th>rank</th><th>text</th><th>prob</th>" in page
+    assert page.count("<tr>") == 1 + 10 and "more not fetched" in page
+    few = con.sql(SMALL + " LIMIT 2")._repr_html_()
+    assert few.count("<tr>") == 3 and "more not fetched" not in few
+    assert "<pre>" in con.sql("SET topk = NULL")._repr_html_()
+
+
+def test_show(con, capsys):
+    con.sql(SMALL).show(max_rows=3)
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == "(3 of 3+ rows shown)"
+    assert sum(line.startswith("│") for line in out.splitlines()) == 4
+    con.sql(SMALL + " LIMIT 2").show()
+    assert capsys.readouterr().out.splitlines()[-1] == "(2 rows)"
+    con.sql("EXPLAIN " + SMALL).show()
+    assert capsys.readouterr().out.startswith("model ")
+    fresh(con).sql("SET topk = 5").show()
+    assert capsys.readouterr().out == "SET topk = 5\n"
+
+
+def test_explain(con):
+    r = con.sql(SMALL + " USING topk 40 LIMIT 4")
+    plan = r.explain()
+    assert plan == "\n".join(line for (line,) in con.sql("EXPLAIN " + SMALL + " USING topk 40 LIMIT 4"))
+    assert re.search(r"^decoding +topk 40", plan, re.M) and "stops after 4 rows" in plan
+    assert re.search(r"^strings +12$", plan, re.M)
+    assert r._rows == []  # explaining compiles, it does not run the query
+    with pytest.raises(relmql.Error, match="only queries have a plan"):
+        fresh(con).sql("SET topk = 3").explain()
+
+
+# -- cancel
+
+def test_cancel_from_another_thread(con):
+    r = con.sql(LONG)
+    timer = threading.Timer(0.5, r.cancel)
+    start = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(Cancelled) as info:
+            for _ in r:
+                pass
+    finally:
+        timer.cancel()
+    assert time.monotonic() - start < 10
+    assert isinstance(info.value, relmql.Error)
+    assert "cancelled" in info.value.render()
+    # the connection still works
+    assert len(con.sql(SMALL + " LIMIT 1").fetchall()) == 1
+
+
+# -- pandas
+
+def test_df_with_pandas(con):
+    pd = pytest.importorskip("pandas")
+    frame = con.sql(SMALL).df()
+    assert isinstance(frame, pd.DataFrame)
+    assert list(frame.columns) == ["rank", "text", "prob"] and len(frame) == 12
+    assert list(frame["rank"]) == list(range(1, 13))
+
+
+def test_df_without_pandas_is_a_clean_error(con, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas now raises ImportError
+    with pytest.raises(relmql.Error, match="pandas") as info:
+        con.sql(SMALL).df()
+    assert "Traceback" not in info.value.render()
+
+
+# -- statements and sessions
+
+def test_several_statements_give_the_last_result_with_sets_applied(con):
+    session = fresh(con)
+    got = session.sql("SET topk = 30000; SET seed = 2;\n" + SMALL + " SAMPLE 6").fetchall()
+    assert got == con.sql(SMALL + " USING topk 30000, seed 2 SAMPLE 6").fetchall()
+    options = {name: value for name, value, _, _ in session.sql("SHOW OPTIONS")}
+    assert options["topk"] == 30000 and options["seed"] == 2
+    # an error in any statement raises; statements before it have run
+    with pytest.raises(PlanError, match="did you mean topp"):
+        session.sql("SET topk = 7; SET topq = 1; SET seed = 9")
+    options = {name: value for name, value, _, _ in session.sql("SHOW OPTIONS")}
+    assert options["topk"] == 7 and options["seed"] == 2
+    # a syntax error anywhere: nothing runs
+    with pytest.raises(relmql.ParseError):
+        session.sql("SET topk = 8; SELECT text MATCHING 'a' LIMT 3")
+    assert {n: v for n, v, _, _ in session.sql("SHOW OPTIONS")}["topk"] == 7
+    empty = session.sql("  -- nothing\n")
+    assert empty.kind == "status" and empty.fetchall() == []
+
+
+def test_show_statements(con):
+    models = con.sql("SHOW MODELS")
+    assert models.columns == ("model", "default", "loaded")
+    rows = {m: (d, l) for m, d, l in models}  # noqa: E741
+    assert rows["tiny-gpt2"] == (True, True) and rows["smollm2-135m"][0] is False
+    options = con.sql("show options").to_dicts()
+    assert [o["option"] for o in options] == list(OPTIONS)
+    for o in options:
+        assert o["default"] == OPTIONS[o["option"]].default and o["meaning"]
+    assert {o["option"]: o["value"] for o in options}["model"] == "tiny-gpt2"
+    functions = {f: k for f, k, _ in con.sql("SHOW FUNCTIONS")}
+    for name in ("escape", "words", "any_of", "lines", "last_word", "drop_last_word"):
+        assert functions[name] == "scalar"
+    for name in ("count", "sum", "avg", "min", "max"):
+        assert functions[name] == "aggregate"
+    assert functions["group"] == "row"
+    with pytest.raises(PlanError, match="SHOW MODLES is not known") as info:
+        con.sql("SHOW MODLES")
+    assert info.value.hint == "did you mean SHOW MODELS?"
+
+
+def test_connect_takes_options_as_keywords(con):
+    session = fresh(con, topk=30000, seed=3)
+    assert "topk 30000;" in session.sql(SMALL).explain()
+    assert session.sql(SMALL).fetchall() == con.sql(SMALL + " USING topk 30000").fetchall()
+    assert session.sql(SMALL + " SAMPLE 5").fetchall() == \
+        con.sql(SMALL + " USING topk 30000, seed 3 SAMPLE 5").fetchall()
+    assert "eos (the end-of-text token must follow" in fresh(con, eos=True).sql(SMALL).explain()
+    # a query's USING wins over the session's setting, for that query only
+    assert session.sql(SMALL + " USING topk 1").fetchall() == []
+    assert len(session.sql(SMALL).fetchall()) > 0
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"topq": 5}, "unknown option 'topq'; did you mean topp?"),
+    ({"topk": "x"}, "topk is a number"),
+    ({"topk": 0}, "topk must be at least 1"),
+    ({"tokenization": "some"}, "tokenization is one of canonical, all"),
+    ({"dtype": "float8"}, "dtype is one of"),
+    ({"seed": -1}, "seed must be at least 0"),
+])
+def test_bad_connect_options_are_clean_errors(options, words):
+    with pytest.raises(PlanError) as info:
+        relmql.connect(model="tiny-gpt2", **options)
+    assert words in info.value.message
+    assert "Traceback" not in info.value.render()
+
+
+def test_connection_is_a_context_manager(con):
+    with fresh(con) as session:
+        assert len(session.sql(SMALL + " LIMIT 1").fetchall()) == 1
+    assert session._models == {}
+
+
+def test_default_connection_uses_the_embedded_model():
+    # the one query on smollm2-135m: the module-level relmql.sql()
+    rows = relmql.sql("SELECT text, prob MATCHING 'a(b|c)' LIMIT 1").fetchall()
+    assert len(rows) == 1 and rows[0][0] in ("ab", "ac") and 0 < rows[0][1] <= 1
+    assert {m: d for m, d, _ in relmql.sql("SHOW MODELS")}["smollm2-135m"] is True

@@ -1,0 +1,593 @@
+"""Queries end to end through ``Connection.sql`` on tiny-gpt2, against independent oracles:
+brute-force scoring of every member with transformers, ``re.fullmatch``, and aggregation and
+filtering done by hand in Python.
+
+Golden files: ``tests/golden/explain/X.rql`` → ``X.explain`` (the rows of its EXPLAIN statement);
+``tests/golden/errors/X.rql`` → ``X.err`` (the rendered error the script ends with). Both run with
+the repository root as the current directory, so paths in them are relative. Regenerate with
+``pytest tests/test_query.py --update-golden`` and read the diff before keeping it.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import relmql
+from relmql.errors import CompileError, ModelError, RegexError
+from relmql.plan import PlanError
+from relmql.syntax import ParseError
+
+from oracle import ranking
+from test_syntax import check_golden, read, update_golden  # noqa: F401 -- update_golden is a fixture
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).parent / "golden"
+EXPLAIN = sorted((GOLDEN / "explain").glob("*.rql"))
+ERRORS = sorted((GOLDEN / "errors").glob("*.rql"))
+
+# a finite language of 12 strings; the prefix is the first word
+DETS, ANIMALS, VERBS = ("The", "A"), ("cat", "dog", "bird"), ("sat", "ran")
+LANG = "(?P<det>The|A) (?P<animal>cat|dog|bird) (?P<verb>sat|ran)"
+PREFIX = "(The|A)"
+MEMBERS = [(d, f"{d} {a} {v}") for d, a, v in itertools.product(DETS, ANIMALS, VERBS)]
+TEXTS = {t for _, t in MEMBERS}
+Q = f"MATCHING '{LANG}' PREFIX '{PREFIX}'"
+
+
+@pytest.fixture(scope="module")
+def con():
+    return relmql.connect(model="tiny-gpt2", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def model(con):
+    return con.model()
+
+
+def fresh(con, **options):
+    """A new session (default settings) sharing ``con``'s loaded model, so that it is not loaded again."""
+    new = relmql.connect(model="tiny-gpt2", dtype="float32", **options)
+    new._models = dict(con._models)
+    return new
+
+
+def rows(con, text, params=None):
+    return con.sql(text, params).fetchall()
+
+
+def dicts(con, text, params=None):
+    return con.sql(text, params).to_dicts()
+
+
+def brute(model, order="prob", **rules):
+    """(logprob, total_logprob, text) of every member the rules allow, best first: each string's
+    canonical tokens scored by a plain transformers forward pass."""
+    enc, dec = model.vocabulary.encode, model.vocabulary.decode
+    paths = []
+    for prefix, text in MEMBERS:
+        toks, pre = tuple(enc(text)), tuple(enc(prefix))
+        assert toks[:len(pre)] == pre
+        paths.append((toks, len(pre)))
+    return [(cond, total, dec(toks)) for cond, total, toks, _ in ranking(model, paths, order, **rules)]
+
+
+def check_against(got, expected, order="prob"):
+    """Rows (dicts with text, logprob, total_logprob) equal the oracle's, in its order."""
+    assert [r["text"] for r in got] == [t for _, _, t in expected]
+    for r, (cond, total, text) in zip(got, expected):
+        assert abs(r["logprob"] - cond) < 1e-4 and abs(r["total_logprob"] - total) < 1e-4, (r, cond, total)
+        assert math.isclose(r["prob"], math.exp(r["logprob"]), rel_tol=1e-9)
+        assert math.isclose(r["total_prob"], math.exp(r["total_logprob"]), rel_tol=1e-9)
+    key = "prob" if order == "prob" else "total_prob"
+    values = [r[key] for r in got]
+    assert values == sorted(values, reverse=True)
+
+
+COLS = "SELECT rank, text, prob, total_prob, logprob, total_logprob"
+
+
+# -- ranking against brute force
+
+def test_ranking_equals_brute_force(con, model):
+    got = dicts(con, f"{COLS} {Q}")
+    assert len(got) == len(MEMBERS)
+    check_against(got, brute(model))
+    assert [r["rank"] for r in got] == list(range(1, len(MEMBERS) + 1))
+    # ORDER BY prob DESC is the default
+    assert dicts(con, f"{COLS} {Q} ORDER BY prob DESC") == got
+
+
+def test_order_by_total_prob_and_limit(con, model):
+    expected = brute(model, "total_prob")
+    got = dicts(con, f"{COLS} {Q} ORDER BY total_prob DESC")
+    check_against(got, expected, "total_prob")
+    top = dicts(con, f"{COLS} {Q} ORDER BY total_prob DESC LIMIT 4")
+    check_against(top, expected[:4], "total_prob")
+    assert dicts(con, f"{COLS} {Q} LIMIT 3") == dicts(con, f"{COLS} {Q}")[:3]
+    assert rows(con, f"SELECT text {Q} LIMIT 0") == []
+
+
+def test_topk_prunes_as_the_oracle_does(con, model):
+    # tiny-gpt2 is random: these words rank in the tens of thousands, so topk 30000 keeps some
+    expected = brute(model, topk=30000)
+    assert 0 < len(expected) < len(MEMBERS)
+    got = dicts(con, f"{COLS} {Q} USING topk 30000")
+    check_against(got, expected)
+    assert dicts(con, f"{COLS} {Q} USING topk 1") == []
+
+
+def test_set_applies_to_later_queries(con, model):
+    con = fresh(con)
+    using = dicts(con, f"{COLS} {Q} USING topk 30000, eos")
+    check_against(using, brute(model, topk=30000, eos=True))
+    status = con.sql("SET topk = 30000; SET eos = true")
+    assert repr(status) == "SET eos = True"
+    assert dicts(con, f"{COLS} {Q}") == using
+    con.sql("SET topk = NULL; SET eos = off")
+    check_against(dicts(con, f"{COLS} {Q}"), brute(model))
+
+
+# -- capture groups and aggregates
+
+def test_capture_groups_are_those_of_re_fullmatch(con):
+    got = rows(con, f"SELECT text, group(1), group(2), group('animal'), animal, verb, group(0) {Q}")
+    assert len(got) == len(MEMBERS)
+    for text, g1, g2, named, animal, verb, g0 in got:
+        m = re.fullmatch(LANG, text)
+        assert (g1, g2, named, animal, verb, g0) == (m.group(1), m.group(2), m.group("animal"), m.group("animal"),
+                                                    m.group("verb"), text)
+
+
+def test_group_by_equals_aggregating_by_hand(con):
+    plain = dicts(con, f"SELECT text, animal, prob, logprob {Q}")
+    by_hand = {}
+    for r in plain:
+        by_hand.setdefault(r["animal"], []).append(r)
+    got = dicts(con, f"SELECT animal, count(*) AS n, avg(logprob) AS a, sum(prob) AS s, min(logprob) AS lo, "
+                     f"max(text) AS hi {Q} GROUP BY animal")
+    assert sorted(r["animal"] for r in got) == sorted(by_hand)
+    for r in got:
+        members = by_hand[r["animal"]]
+        assert r["n"] == len(members) == 4
+        assert r["a"] == pytest.approx(sum(m["logprob"] for m in members) / 4, rel=1e-12)
+        assert r["s"] == pytest.approx(sum(m["prob"] for m in members), rel=1e-12)
+        assert r["lo"] == min(m["logprob"] for m in members)
+        assert r["hi"] == max(m["text"] for m in members)
+    # groups come out sorted by their values
+    assert [r["animal"] for r in got] == sorted(by_hand)
+
+
+def test_group_by_alias_position_and_two_columns(con):
+    plain = rows(con, f"SELECT group(2), group(3) {Q}")
+    one = Counter(a for a, _ in plain)
+    by_alias = rows(con, f"SELECT group(2) AS a, count(*) AS n {Q} GROUP BY a")
+    by_position = rows(con, f"SELECT group(2) AS a, count(*) AS n {Q} GROUP BY 1")
+    assert dict(by_alias) == dict(by_position) == dict(one)
+    two = rows(con, f"SELECT animal, verb, count(*) {Q} GROUP BY animal, verb")
+    assert {(a, v): n for a, v, n in two} == dict(Counter(plain))
+    # an aggregate with no GROUP BY is one row
+    assert rows(con, f"SELECT count(*), avg(group(3) = 'sat') {Q}") == [(12, 0.5)]
+
+
+def test_sample_group_by_counts_the_samples(con):
+    plain = rows(con, f"SELECT animal {Q} USING seed 5 SAMPLE 40")
+    grouped = rows(con, f"SELECT animal, count(*) {Q} USING seed 5 SAMPLE 40 GROUP BY animal")
+    assert dict(grouped) == dict(Counter(a for (a,) in plain))
+    assert sum(n for _, n in grouped) == 40
+
+
+# -- WHERE: compiled into the automaton or run on the rows
+
+def _explain(con, text):
+    return "\n".join(line for (line,) in con.sql("EXPLAIN " + text))
+
+
+@pytest.mark.parametrize("where, keep", [
+    ("text NOT MATCHING '.*dog.*'", lambda r: not re.fullmatch(".*dog.*", r["text"])),
+    ("text NOT MATCHING 'The .*' AND text NOT MATCHING '.* ran'",
+     lambda r: not re.fullmatch("The .*", r["text"]) and not re.fullmatch(".* ran", r["text"])),
+    ("text NOT IN ('The cat sat', 'A dog ran', 'not a member')",
+     lambda r: r["text"] not in ("The cat sat", "A dog ran")),
+])
+def test_exclusions_compiled_into_the_automaton(con, where, keep):
+    plan = _explain(con, f"SELECT text {Q} WHERE {where}")
+    assert "filter        in the automaton: text NOT MATCHING" in plan
+    assert "on result rows" not in plan
+    everything = dicts(con, f"{COLS} {Q}")
+    got = dicts(con, f"{COLS} {Q} WHERE {where}")
+    expected = [r for r in everything if keep(r)]
+    assert [r["text"] for r in got] == [r["text"] for r in expected]
+    for a, b in zip(got, expected):
+        assert abs(a["logprob"] - b["logprob"]) < 1e-6
+    assert [r["rank"] for r in got] == list(range(1, len(got) + 1))
+
+
+@pytest.mark.parametrize("where, keep", [
+    ("completion <> ' dog sat'", lambda r: r["completion"] != " dog sat"),
+    ("group(2) NOT IN ('cat')", lambda r: re.fullmatch(LANG, r["text"]).group(2) != "cat"),
+    ("verb = 'ran' OR det = 'A'", lambda r: r["text"].endswith("ran") or r["text"].startswith("A ")),
+    ("text MATCHES '.*i.*'", lambda r: "i" in r["text"]),
+    ("NOT text MATCHES '.*i.*' AND det = 'The'", lambda r: "i" not in r["text"] and r["text"].startswith("The ")),
+    ("logprob > :cut", None),
+])
+def test_row_filters(con, where, keep):
+    everything = dicts(con, f"SELECT text, completion, logprob {Q}")
+    cut = sorted(r["logprob"] for r in everything)[len(everything) // 2]
+    if keep is None:
+        keep = lambda r: r["logprob"] > cut  # noqa: E731
+    plan = _explain(con, f"SELECT text {Q} WHERE {where}")
+    assert "filter        on result rows: " in plan and "in the automaton" not in plan
+    got = dicts(con, f"SELECT text, completion, logprob {Q} WHERE {where}", {"cut": cut})
+    expected = [r for r in everything if keep(r)]
+    assert 0 < len(expected) < len(everything)
+    assert [r["text"] for r in got] == [r["text"] for r in expected]
+    # LIMIT counts the rows that pass
+    n = len(expected) - 1
+    limited = rows(con, f"SELECT text, rank {Q} WHERE {where} LIMIT {n}", {"cut": cut})
+    assert [t for t, _ in limited] == [r["text"] for r in expected[:n]]
+    assert [k for _, k in limited] == list(range(1, n + 1))  # rank numbers the rows that pass
+
+
+def test_where_split_between_automaton_and_rows(con):
+    text = f"SELECT text {Q} WHERE text NOT MATCHING 'A .*' AND group(2) <> 'cat' LIMIT 2"
+    plan = _explain(con, text)
+    assert "in the automaton: text NOT MATCHING 'A .*'" in plan
+    assert "on result rows: group(2) <> 'cat'" in plan
+    everything = [t for (t,) in rows(con, f"SELECT text {Q}")]
+    expected = [t for t in everything if not t.startswith("A ") and " cat " not in t][:2]
+    assert [t for (t,) in rows(con, text)] == expected
+
+
+def test_where_with_edits_still_filters_the_rows(con):
+    # edited strings may match what the exclusion removed from the unedited language: it also runs on rows
+    text = "SELECT text, edits MATCHING 'The (cat|dog)' PREFIX 'The' WHERE text NOT MATCHING '.*dog' " \
+           "USING edits 1, edit_scope completion LIMIT 8"
+    plan = _explain(con, text)
+    assert "in the automaton" in plan and "on result rows: text NOT MATCHING '.*dog'" in plan
+    got = rows(con, text)
+    assert len(got) == 8 and not any(re.fullmatch(".*dog", t) for t, _ in got)
+    assert {e for _, e in got} <= {0, 1}
+
+
+# -- SAMPLE
+
+def test_sample_is_reproducible_per_seed(con):
+    a = rows(con, f"SELECT text, prefix, completion {Q} USING seed 3 SAMPLE 20")
+    assert len(a) == 20
+    assert all(t in TEXTS for t, _, _ in a)
+    assert all(t == p + c for t, p, c in a)
+    assert rows(con, f"SELECT text, prefix, completion {Q} USING seed 3 SAMPLE 20") == a
+    b = rows(con, f"SELECT text, prefix, completion {Q} USING seed 4 SAMPLE 20")
+    assert len(b) == 20 and b != a
+    # samples repeat (with replacement): 20 draws of 12 strings
+    assert len(set(a)) < 20
+    assert len(rows(con, f"SELECT text {Q} SAMPLE 3")) == 3
+    assert rows(con, f"SELECT text {Q} SAMPLE 0") == []
+
+
+def test_set_seed(con):
+    seeded = fresh(con, seed=7)
+    con = fresh(con)
+    with_using = rows(con, f"SELECT text {Q} USING seed 7 SAMPLE 10")
+    con.sql("SET seed = 7")
+    assert rows(con, f"SELECT text {Q} SAMPLE 10") == with_using
+    assert rows(seeded, f"SELECT text {Q} SAMPLE 10") == with_using
+
+
+def test_sample_limit_and_where(con):
+    got = rows(con, f"SELECT text {Q} WHERE verb = 'sat' USING seed 1 SAMPLE 30 LIMIT 5")
+    assert len(got) == 5 and all(t.endswith(" sat") for (t,) in got)
+    plain = rows(con, f"SELECT text {Q} USING seed 1 SAMPLE 30")
+    assert got == [r for r in plain if r[0].endswith(" sat")][:5]
+
+
+def test_sample_redraws_a_prefix_the_rules_leave_nothing_after(con, model):
+    # under topk 30000 and eos, no string starting with "A" is left; four starting with "The" are
+    allowed = {t for _, _, t in brute(model, topk=30000, eos=True)}
+    assert allowed and all(t.startswith("The ") for t in allowed)
+    got = rows(con, f"SELECT text {Q} USING topk 30000, eos SAMPLE 5")
+    assert len(got) == 5 and {t for (t,) in got} <= allowed
+
+
+# -- parameters and functions
+
+def test_escape_and_concatenation(con):
+    got = rows(con, "SELECT text, group(1) MATCHING escape(:x) || '(a|b)'", {"x": "a.b("})
+    assert sorted(got) == [("a.b(a", "a"), ("a.b(b", "b")]
+    assert rows(con, "SELECT :a || '-' || :b AS c, 'x' || 'y' MATCHING 'q' LIMIT 1", {"a": "1", "b": "two"}) == \
+        [("1-two", "xy")]
+
+
+@pytest.mark.parametrize("literal", ["a.b(", "1+1=2? (yes) [no] {x} ^$|\\*.", "it's", "", "tab\there",
+                                     "é ünïcode ∑", "(?P<x>a)\\1"])
+def test_escape_matches_exactly_the_literal(con, literal):
+    (e,), = rows(con, "SELECT escape(:x) MATCHING 'q' LIMIT 1", {"x": literal})
+    assert re.fullmatch(e, literal)
+    assert re.compile(e).groups == 0
+    for other in (literal + "x", "x" + literal, literal[:-1], literal.replace(".", "x").replace("(", "y")):
+        if other != literal:
+            assert not re.fullmatch(e, other)
+    if literal:
+        assert rows(con, "SELECT text MATCHING escape(:x)", {"x": literal}) == [(literal,)]
+
+
+def test_parameters_in_other_clauses(con):
+    got = rows(con, f"SELECT text {Q} USING topk :k LIMIT :n", {"k": 30000, "n": 2})
+    assert got == rows(con, f"SELECT text {Q} USING topk 30000 LIMIT 2")
+
+
+def test_text_functions(con, tmp_path):
+    s = "The cat sat on the mat. The end"
+    (tmp_path / "stop.txt").write_text("the\non\n", encoding="utf-8")
+    (tmp_path / "items.txt").write_text("# a comment line\nNew York\n\n  a.b  \n(x|y)\n", encoding="utf-8")
+    params = {"s": s, "stop": str(tmp_path / "stop.txt"), "f": str(tmp_path / "items.txt")}
+    (got,) = dicts(con, "SELECT last_word(:s) AS lw, drop_last_word(:s) AS dl, words(:s) AS w, "
+                        "words(:s, lines(:stop)) AS w2, any_of(lines(:f)) AS a, length(lines(:f)) AS n "
+                        "MATCHING 'q' LIMIT 1", params)
+    assert got["lw"] == "end" and got["dl"] == "The cat sat on the mat. The"
+    distinct = list(dict.fromkeys(re.findall(r"\w+", s)))
+    assert distinct == ["The", "cat", "sat", "on", "the", "mat", "end"]
+    for w in distinct:
+        assert re.fullmatch(got["w"], w)
+    for not_a_word in ("ca", "cat sat", "mat.", "The cat", "", "dog"):
+        assert not re.fullmatch(got["w"], not_a_word)
+    assert [w for w in distinct if re.fullmatch(got["w2"], w)] == ["cat", "sat", "mat", "end"]
+    assert got["n"] == 3
+    items = ["New York", "a.b", "(x|y)"]
+    assert all(re.fullmatch(got["a"], i) for i in items)
+    assert not re.fullmatch(got["a"], "axb") and not re.fullmatch(got["a"], "x")
+    # as languages: words() is the set of distinct words, any_of() the set of lines
+    assert sorted(t for (t,) in rows(con, "SELECT text MATCHING words(:s)", params)) == sorted(distinct)
+    assert sorted(t for (t,) in rows(con, "SELECT text MATCHING any_of(lines(:f))", params)) == sorted(items)
+    assert rows(con, "SELECT last_word(:s), drop_last_word(:s) MATCHING 'q' LIMIT 1", {"s": "word"}) == [("word", "")]
+
+
+# -- datasets: one query per data row
+
+PER_ROW = ("SELECT :row_number AS n, :q AS q, group(1) AS verb, prob "
+           "MATCHING escape(:q) || ' (sat|ran|flew)' PREFIX escape(:q) "
+           "WHERE logprob > :floor LIMIT 1")
+DATA = [{"q": "The cat", "target": "sat", "floor": -100},
+        {"q": "The dog", "target": "ran", "floor": -100},
+        {"q": "A bird", "target": "flew", "floor": 0},  # nothing has logprob > 0: one NULL row
+        {"q": "It's a dog", "target": "ran", "floor": -100}]
+
+
+@pytest.fixture
+def jsonl(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in DATA) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def by_hand(con, query, data, select=lambda i: True):
+    """The per-row query run separately for each row; a row with no result gives one NULL row."""
+    out = []
+    for i, row in enumerate(data, 1):
+        if not select(i):
+            continue
+        got = rows(con, query, {**row, "row_number": i})
+        out.extend(got or [(i, row["q"], None, None)])
+    return out
+
+
+def test_dataset_is_one_query_per_row(con, jsonl):
+    expected = by_hand(con, PER_ROW, DATA)
+    assert len(expected) == 4 and expected[2] == (3, "A bird", None, None)
+    got = rows(con, f"{PER_ROW} FOR EACH ROW IN '{jsonl}'")
+    assert got == expected
+    assert got[0][3] is not None and got[0][2] in ("sat", "ran", "flew")
+
+
+def test_dataset_where_and_limit_select_rows(con, jsonl):
+    got = rows(con, f"{PER_ROW} FOR EACH ROW IN '{jsonl}' WHERE :row_number <> 2")
+    assert got == by_hand(con, PER_ROW, DATA, lambda i: i != 2)
+    got = rows(con, f"{PER_ROW} FOR EACH ROW IN '{jsonl}' WHERE :row_number <> 2 LIMIT 2")
+    assert [r[0] for r in got] == [1, 3]
+    got = rows(con, f"{PER_ROW} FOR EACH ROW IN '{jsonl}' WHERE :target = 'ran'")
+    assert [r[0] for r in got] == [2, 4]
+
+
+def test_dataset_aggregate_equals_the_per_row_computation(con, jsonl):
+    per_row = by_hand(con, PER_ROW, DATA)
+    hits = [verb == row["target"] for (_, _, verb, _), row in zip(per_row, DATA)]
+    assert hits[2] is False  # the NULL row is a miss
+    (acc, n, found), = rows(con, f"SELECT avg(group(1) = :target), count(*), count(group(1)) "
+                                 f"MATCHING escape(:q) || ' (sat|ran|flew)' PREFIX escape(:q) "
+                                 f"WHERE logprob > :floor LIMIT 1 FOR EACH ROW IN '{jsonl}'")
+    assert acc == pytest.approx(sum(hits) / len(hits))
+    assert (n, found) == (4, 3)
+    # grouped across rows
+    grouped = rows(con, f"SELECT :target AS t, count(*) MATCHING escape(:q) || ' (sat|ran|flew)' "
+                        f"PREFIX escape(:q) LIMIT 2 GROUP BY t FOR EACH ROW IN '{jsonl}'")
+    assert dict(grouped) == {"sat": 2, "ran": 4, "flew": 2}
+
+
+def test_csv_dataset_with_lambada_style_functions(con, tmp_path):
+    path = tmp_path / "passages.csv"
+    passages = ["the cat sat on the mat", "one two three two", "a dog and a dog"]
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["passage text", "id"])  # a header with a space: the field is :passage_text
+        for i, p in enumerate(passages):
+            w.writerow([p, str(i)])
+    query = ("SELECT :id AS id, group(1) AS answer, last_word(:passage_text) AS target "
+             "MATCHING escape(drop_last_word(:passage_text)) || ' (' || words(drop_last_word(:passage_text)) || ')' "
+             "PREFIX escape(drop_last_word(:passage_text)) LIMIT 1")
+    got = rows(con, f"{query} FOR EACH ROW IN '{path}'")
+    expected = []
+    for i, p in enumerate(passages):
+        one = rows(con, query, {"passage_text": p, "id": str(i)})
+        assert len(one) == 1
+        context = p.rsplit(" ", 1)[0]
+        assert one[0][1] in re.findall(r"\w+", context) and one[0][2] == p.split()[-1]
+        expected.extend(one)
+    assert got == expected
+    assert [r[0] for r in got] == ["0", "1", "2"]  # CSV fields are text
+    got = rows(con, f"{query} FOR EACH ROW IN '{path}' WHERE :row_number <> 2 LIMIT 5")
+    assert got == [expected[0], expected[2]]
+    accuracy = query.replace("SELECT :id AS id, group(1) AS answer, last_word(:passage_text) AS target",
+                             "SELECT avg(group(1) = last_word(:passage_text))")
+    (acc,), = rows(con, f"{accuracy} FOR EACH ROW IN '{path}'")
+    assert acc == pytest.approx(sum(a == t for _, a, t in expected) / 3)
+
+
+# -- bad input: every class of DESIGN §6, with the span under the right text
+
+BAD = [
+    # (query, error class, text under the span, words of the message)
+    ("SELECT text MATCHING 'a' WHERE", ParseError, "", "ends early"),
+    ("SELECT text MATCHING 'a' LIMT 3", ParseError, "LIMT", "unexpected 'LIMT'"),
+    ("SELECT text MATCHING 'a(b'", RegexError, "(", "missing )"),
+    ("SELECT text MATCHING 'it''s a ''b'' [z-a]'", RegexError, "z", "bad character range"),
+    ("SELECT text MATCHING 'x''y''(?<=x)z'", RegexError, "(?<=x)", "look-behind"),
+    ("SELECT text MATCHING 'a(?=b)'", RegexError, "(?=b)", "look-ahead"),
+    ("SELECT text MATCHING '(a)\\1'", RegexError, "\\1", "back-reference"),
+    ("SELECT text MATCHING 'The (cat|dog)' PREFIX 'The(?!x)'", RegexError, "(?!x)", "look-ahead"),
+    ("SELECT text MATCHING 'a' USING topq 3", PlanError, "topq", "did you mean topp"),
+    ("SELECT text MATCHING 'a' USING tokenisation all", PlanError, "tokenisation", "did you mean tokenization"),
+    ("SELECT txt MATCHING 'a'", PlanError, "txt", "did you mean text"),
+    ("SELECT lenght(text) MATCHING 'a'", PlanError, "lenght", "did you mean length"),
+    ("SELECT text MATCHING 'a' PREFIX 'b'", CompileError, "b", "no string of MATCHING starts with"),
+    ("SELECT text MATCHING 'a' FOR EACH ROW IN 'no/such/file.jsonl'", PlanError, "'no/such/file.jsonl'",
+     "no data file"),
+    ("SELECT text MATCHING 'a' USING topk 'x'", PlanError, "'x'", "topk is a number"),
+    ("SELECT text MATCHING 'a' USING topk 0", PlanError, "0", "at least 1"),
+    ("SELECT text MATCHING 'a' USING temperature -1", PlanError, "-1", "more than 0"),
+    ("SELECT text MATCHING 'a' USING tokenization some", PlanError, "some", "canonical, all"),
+    ("SELECT text MATCHING 'a' SAMPLE -1", PlanError, "-1", "SAMPLE must be a whole number"),
+    ("SELECT text MATCHING 'a' SAMPLE 'a'", PlanError, "'a'", "SAMPLE must be a whole number"),
+    ("SELECT text MATCHING 'a' LIMIT 1.5", PlanError, "1.5", "LIMIT must be a whole number"),
+    ("SELECT text MATCHING 'a' ORDER BY text", PlanError, "text", "cannot order by 'text'"),
+    ("SELECT text MATCHING 'a' ORDER BY prob ASC", PlanError, "prob ASC", "DESC"),
+    ("SELECT text MATCHING 'a' SAMPLE 3 ORDER BY prob DESC", PlanError, "prob DESC", "not both"),
+    ("SELECT text MATCHING 'a' WHERE count(*) > 1", PlanError, "count(*)", "aggregate"),
+    ("SELECT text, count(*) MATCHING 'a'", PlanError, "text", "GROUP BY"),
+    ("SELECT text, count(*) MATCHING '(a)' GROUP BY group(1)", PlanError, "text", "GROUP BY"),
+    ("SELECT text MATCHING 'a' USING topk 3, eos, topk 4", PlanError, "topk", "given twice"),
+    ("SELECT text MATCHING 'a' USING model 'tiny-gpt2'", PlanError, "model", "FROM model"),
+    ("SELECT text MATCHING 'a' USING dtype 'float16'", PlanError, "dtype", "SET dtype"),
+    ("SELECT text MATCHING escape(:y) || '(a|b)'", PlanError, ":y", "parameter :y has no value"),
+    ("SELECT text MATCHING 'a' WHERE text = :nope", PlanError, ":nope", "has no value"),
+    ("SELECT text MATCHING '(a)' GROUP BY 3", PlanError, "3", "output columns"),
+    ("SELECT group(2) MATCHING '(a)'", PlanError, "group(2)", "no group 2"),
+    ("SELECT text WHERE prob > 0", PlanError, None, "needs MATCHING"),
+    ("SELECT text MATCHING 1 + 2", PlanError, "1 + 2", "must be text"),
+    ("SHOW MODLES", PlanError, "MODLES", "SHOW MODLES is not known"),
+    ("SET topq = 1", PlanError, "topq", "did you mean topp"),
+    ("SET topk = 'many'", PlanError, "'many'", "topk is a number"),
+]
+
+
+@pytest.mark.parametrize("query, cls, under, words", BAD, ids=[b[0][:60] for b in BAD])
+def test_bad_input_is_a_located_error(con, query, cls, under, words):
+    with pytest.raises(relmql.Error) as info:
+        list(con.sql(query))
+    e = info.value
+    assert type(e) is cls or isinstance(e, cls), (type(e), e.render())
+    assert words in e.message or words in (e.hint or ""), e.render()
+    assert e.source == query
+    if under is None:
+        assert "Traceback" not in e.render()
+        return
+    assert e.span is not None, e.render()
+    start, end = e.span
+    if under == "":  # the end of the text
+        assert start == len(query)
+    else:
+        assert query[start:end] == under, e.render()
+    rendered = e.render()
+    caret = rendered.splitlines()[2] if rendered.splitlines()[1].startswith("  ") else None
+    if caret is not None:
+        assert caret.index("^") - 2 == start and caret.count("^") == max(1, end - start)
+
+
+def test_regex_error_span_inside_a_computed_regex_is_the_expression(con):
+    query = "SELECT text MATCHING escape(:x) || '(a'"
+    with pytest.raises(RegexError) as info:
+        con.sql(query, {"x": "b"}).fetchall()
+    e = info.value
+    assert query[e.span[0]:e.span[1]] == "escape(:x) || '(a'"
+    assert "in the regex MATCHING evaluates to" in e.message
+
+
+def test_unknown_model_is_a_model_error(con):
+    with pytest.raises(ModelError) as info:
+        con.sql("SELECT text FROM 'smolm2' MATCHING 'a'").fetchall()
+    assert "did you mean 'smollm2-135m'" in info.value.message
+    with pytest.raises(ModelError):
+        relmql.connect(model="no-such-model").sql("SELECT text MATCHING 'a'").fetchall()
+
+
+def test_unknown_model_error_points_at_the_from_clause(con):
+    query = "SELECT text FROM 'smolm2' MATCHING 'a'"
+    with pytest.raises(ModelError) as info:
+        con.sql(query).fetchall()
+    assert info.value.span is not None and query[info.value.span[0]:info.value.span[1]] == "'smolm2'"
+
+
+def test_empty_language_after_exclusions(con):
+    with pytest.raises(CompileError, match="matches no string"):
+        con.sql(f"SELECT text {Q} WHERE text NOT MATCHING '.*'").fetchall()
+
+
+def test_errors_in_dataset_rows(con, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"q": "a"}\nnot json\n', encoding="utf-8")
+    query = f"SELECT text MATCHING escape(:q) FOR EACH ROW IN '{bad}'"
+    with pytest.raises(PlanError, match="line 2: not JSON") as info:
+        con.sql(query).fetchall()
+    assert query[info.value.span[0]:info.value.span[1]] == f"'{bad}'"
+    other = tmp_path / "rows.txt"
+    other.write_text("x\n", encoding="utf-8")
+    with pytest.raises(PlanError, match="data files are"):
+        con.sql(f"SELECT text MATCHING 'a' FOR EACH ROW IN '{other}'")
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text('{"q": "a"}\n', encoding="utf-8")
+    query = f"SELECT text MATCHING escape(:qq) FOR EACH ROW IN '{ok}'"
+    with pytest.raises(PlanError, match=r"parameter :qq has no value; did you mean :q\?") as info:
+        con.sql(query).fetchall()
+    assert query[info.value.span[0]:info.value.span[1]] == ":qq"
+
+
+# -- golden files
+
+@pytest.fixture
+def at_repo(monkeypatch):
+    monkeypatch.chdir(REPO)
+
+
+def test_golden_sets_are_there():
+    assert len(EXPLAIN) >= 6 and len(ERRORS) >= 15
+    for folder, suffix in (("explain", ".explain"), ("errors", ".err")):
+        for expected in (GOLDEN / folder).glob("*" + suffix):
+            assert expected.with_suffix(".rql").is_file(), f"{expected} has no input"
+
+
+@pytest.mark.parametrize("path", EXPLAIN, ids=lambda p: p.stem)
+def test_golden_explain(con, path, update_golden, at_repo):
+    con = fresh(con)
+    result = con.sql(read(path))
+    assert result.kind == "text" and result.columns == ("plan",)
+    text = "\n".join(line for (line,) in result) + "\n"
+    assert str(REPO) not in text
+    check_golden(path.with_suffix(".explain"), text, update_golden)
+
+
+@pytest.mark.parametrize("path", ERRORS, ids=lambda p: p.stem)
+def test_golden_error(con, path, update_golden, at_repo):
+    text = read(path)
+    con = fresh(con)
+    with pytest.raises(relmql.Error) as info:
+        list(con.sql(text))
+    rendered = info.value.render().replace(str(REPO), "<repo>") + "\n"
+    assert "Traceback" not in rendered
+    check_golden(path.with_suffix(".err"), rendered, update_golden)

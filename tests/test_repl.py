@@ -1,0 +1,430 @@
+"""The interactive shell, driven as a person would: keys into prompt_toolkit's pipe input, the
+screen read back from a terminal output over a StringIO (and, where tmux is installed, the real
+``relmql`` command in a tmux pane)."""
+
+from __future__ import annotations
+
+import _thread
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from prompt_toolkit.completion import CompleteEvent
+from prompt_toolkit.data_structures import Size
+from prompt_toolkit.document import Document
+from prompt_toolkit.input import create_pipe_input
+from prompt_toolkit.output.vt100 import Vt100_Output
+from pygments.token import Error as ErrorToken
+
+import relmql
+from relmql.repl import COMMANDS, run_repl, should_submit
+from relmql.repl.commands import names
+from relmql.repl.completer import RelmqlCompleter
+from relmql.repl.lexer import KEYWORDS, RelmqlLexer
+
+ROOT = Path(__file__).resolve().parents[1]
+UP = "\x1b[A"
+CTRL_C, CTRL_D = "\x03", "\x04"
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)|\x1b[()][0-9A-Za-z]|\x1b[=>78]|\r")
+
+
+def plain(text: str) -> str:
+    return _ESCAPES.sub("", text)
+
+
+@pytest.fixture(scope="module")
+def con():
+    c = relmql.connect(model="tiny-gpt2", dtype="float32")
+    c.model()  # load once, outside the timed parts
+    return c
+
+
+@pytest.fixture(autouse=True)
+def fresh(request, tmp_path, monkeypatch):
+    monkeypatch.setenv("RELMQL_HISTORY", str(tmp_path / "history"))
+    if "con" in request.fixturenames:
+        c = request.getfixturevalue("con")
+        saved = dict(c.settings)
+        yield
+        c.settings.clear()
+        c.settings.update(saved)
+    else:
+        yield
+
+
+class Screen:
+    """A terminal of fixed size whose bytes land in a StringIO."""
+
+    def __init__(self, columns=100, rows=40):
+        self.buffer = io.StringIO()
+        self.output = Vt100_Output(self.buffer, lambda: Size(rows=rows, columns=columns), term="xterm")
+
+    @property
+    def text(self) -> str:
+        return plain(self.buffer.getvalue())
+
+    def wait_for(self, predicate, timeout=20.0) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if predicate(self.text):
+                return True
+            time.sleep(0.02)
+        return False
+
+
+def drive(con, keys: str = "", script=None, columns=100, **options):
+    """Run the shell on ``keys`` (and, in a second thread, ``script(send, screen)`` for steps that
+    must wait for the screen); returns (exit status, what the screen shows)."""
+    screen = Screen(columns)
+    with create_pipe_input() as inp:
+        inp.send_text(keys)
+        helper, failed = None, []
+        if script is not None:
+            def run():
+                try:
+                    script(inp.send_text, screen)
+                except BaseException as e:  # noqa: BLE001 -- raised again in the test's thread
+                    failed.append(e)
+                finally:
+                    inp.send_text("\r" + CTRL_D)  # never leave the shell waiting
+
+            helper = threading.Thread(target=run, daemon=True)
+            helper.start()
+        code = run_repl(con, input=inp, output=screen.output, **options)
+        if helper is not None:
+            helper.join(5)
+        if failed:
+            raise failed[0]
+    return code, screen.text
+
+
+# -- the shell
+
+def test_multiline_query_runs_and_shows_rows(con):
+    code, screen = drive(con, "SELECT text, prob\rMATCHING 'a(b|c)'\rLIMIT 2;\r" + CTRL_D)
+    assert code == 0
+    assert "relmql> SELECT text, prob" in screen
+    assert "   ...> MATCHING 'a(b|c)'" in screen and "   ...> LIMIT 2;" in screen
+    rows = [line for line in screen.splitlines() if line.startswith("│ a")]
+    assert [r.split("│")[1].strip() for r in rows] == ["ac", "ab"]
+    assert "(2 rows)" in screen
+    assert "Traceback" not in screen
+
+
+def test_bad_queries_print_a_caret_and_the_shell_keeps_going(con):
+    code, screen = drive(con, "SELECT nope MATCHING 'a';\r"
+                              "SELECT text MATCHING 'a(b';\r"
+                              "SELECT text\rMATCHING 'a' LIMIT;\r"
+                              "SELECT text MATCHING 'a(b|c)' LIMIT 1;\r" + CTRL_D)
+    assert code == 0
+    lines = screen.splitlines()
+    i = lines.index("error: unknown column 'nope'")
+    assert lines[i + 1] == "  SELECT nope MATCHING 'a';"
+    assert lines[i + 2] == "         ^^^^"
+    assert "missing ), unterminated subpattern" in screen
+    assert any(line.startswith("LINE 2: MATCHING 'a' LIMIT;") for line in lines)  # a multi-line buffer
+    assert "(1 row)" in screen
+    assert "Traceback" not in screen
+
+
+def test_set_show_and_explain_statements(con):
+    _, screen = drive(con, "SET topk = 5;\rEXPLAIN SELECT text MATCHING 'a(b|c)';\rSHOW MODELS;\r" + CTRL_D)
+    assert "SET topk = 5" in screen
+    assert re.search(r"^strings\s+2$", screen, re.M)
+    assert "│ tiny-gpt2" in screen
+
+
+def test_help_lists_every_command(con):
+    _, screen = drive(con, ".help\r.help mode\r" + CTRL_D)
+    listing = screen.split(".help\n", 1)[1]
+    for cmd in COMMANDS.values():
+        assert re.search(rf"^{re.escape(cmd.usage)} +{re.escape(cmd.help)}", listing, re.M), cmd.name
+    assert ".exit" in listing and "Ctrl-C" in listing
+    one = screen.split(".help mode\n", 1)[1].splitlines()[0]
+    assert one.startswith(".mode [table|csv|json|jsonl]")
+
+
+def test_mode_changes_the_output(con):
+    _, screen = drive(con, ".mode\r.mode csv\rSELECT text, rank MATCHING 'a(b|c)';\r"
+                           ".mode jsonl\rSELECT text MATCHING 'a(b|c)' LIMIT 1;\r.mode yaml\r" + CTRL_D)
+    assert "mode: table" in screen
+    assert "text,rank\nac,1\nab,2\n" in screen
+    assert '{"text": "ac"}\n' in screen
+    assert "unknown mode 'yaml'" in screen
+
+
+def test_starting_mode_and_parameters(con):
+    _, screen = drive(con, "SELECT text MATCHING :p;\r" + CTRL_D, mode="csv", params={"p": "a(b|c)"})
+    assert "text\nac\nab\n" in screen
+
+
+def test_timer_line(con):
+    _, screen = drive(con, ".timer on\rSELECT text MATCHING 'a(b|c)';\r.timer off\rSELECT text MATCHING 'ab';\r"
+                      + CTRL_D)
+    assert "timer on" in screen and "timer off" in screen
+    assert len(re.findall(r"^time: \d+\.\d{3} s$", screen, re.M)) == 1
+
+
+def test_explain_mode_prints_the_plan_before_the_rows(con):
+    _, screen = drive(con, ".explain on\rSELECT text MATCHING 'a(b|c)';\r" + CTRL_D)
+    plan_at = re.search(r"^strings\s+2$", screen, re.M)
+    assert plan_at and plan_at.start() < screen.index("(2 rows)")
+
+
+def test_read_runs_a_file_and_locates_its_errors(con, tmp_path):
+    script = tmp_path / "script.rql"
+    script.write_text(".mode csv\n"
+                      "-- two strings\n"
+                      "SELECT text\n  MATCHING 'a(b|c)';\n"
+                      "SELECT nope\n  MATCHING 'a';\n"
+                      "SELECT 'never' MATCHING 'a';\n")
+    _, screen = drive(con, f".read {script}\r.read {tmp_path / 'missing.rql'}\r" + CTRL_D)
+    assert "text\nac\nab\n" in screen
+    assert f"{script}:5: error: unknown column 'nope'" in screen
+    assert "never" not in screen.split(f".read {script}", 1)[1]
+    assert "cannot read" in screen and "missing.rql" in screen
+
+
+def test_output_sends_results_to_a_file(con, tmp_path):
+    target = tmp_path / "out.csv"
+    _, screen = drive(con, f".mode csv\r.output {target}\rSELECT text MATCHING 'a(b|c)';\r.output\r"
+                           f"SELECT text MATCHING 'a(b|c)' LIMIT 1;\r.output {tmp_path}/no/such/dir/x\r" + CTRL_D)
+    assert target.read_text() == "text\nac\nab\n"
+    assert "text\nac\n" in screen and "ab\n" not in screen
+    assert "cannot write" in screen
+
+
+def test_model_command(con):
+    _, screen = drive(con, ".model\r.model smolm2\r.model\r" + CTRL_D)
+    assert screen.count("model: tiny-gpt2") == 2
+    assert "did you mean 'smollm2-135m'" in screen
+    assert con.settings["model"] == "tiny-gpt2"
+
+
+def test_unknown_meta_command_suggests_the_closest(con):
+    _, screen = drive(con, ".hepl\r.outptu x\r.mode\r" + CTRL_D)
+    assert "error: unknown command .hepl; did you mean .help?" in screen
+    assert "did you mean .output?" in screen
+    assert "mode: table" in screen  # still running
+
+
+def test_ctrl_d_exits_and_ctrl_c_clears_the_line(con):
+    start = time.monotonic()
+    code, screen = drive(con, "SELECT tex" + CTRL_C + ".mode\r" + CTRL_D)
+    assert code == 0 and time.monotonic() - start < 5
+    assert "mode: table" in screen and "error" not in screen
+
+
+def test_quit_and_exit(con):
+    assert drive(con, ".quit\r")[0] == 0
+    assert drive(con, "exit\r")[0] == 0
+
+
+def test_ctrl_c_cancels_the_running_query_and_keeps_the_shell(con):
+    def script(send, screen):
+        # a query that runs for minutes: wait for its first rows, then Ctrl-C (SIGINT → KeyboardInterrupt
+        # in the main thread, which waits on the query)
+        assert screen.wait_for(lambda s: "│     3 │" in s), screen.text[-2000:]
+        _thread.interrupt_main()
+        assert screen.wait_for(lambda s: "cancelled" in s, timeout=8), screen.text[-2000:]
+        send("SELECT text MATCHING 'a(b|c)';\r")
+        assert screen.wait_for(lambda s: "(2 rows)" in s, timeout=8)
+
+    start = time.monotonic()
+    code, screen = drive(con, ".timer on\rMATCHING '[a-z]{1,30}' USING topk 50 LIMIT 100000;\r", script)
+    assert code == 0
+    assert time.monotonic() - start < 10
+    after = screen.split("cancelled", 1)[1]
+    assert re.search(r"^time: \d+\.\d{3} s$", after, re.M)
+    assert "(2 rows)" in after
+    assert "Traceback" not in screen
+
+
+def test_unexpected_failures_are_one_line_not_a_traceback(con, monkeypatch):
+    def broken(*args):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(con, "_statement", broken)
+    _, screen = drive(con, "SELECT text MATCHING 'a';\r.mode\r" + CTRL_D)
+    assert "internal error: RuntimeError: boom" in screen
+    assert "mode: table" in screen and "Traceback" not in screen
+
+
+def test_history_is_saved_and_up_recalls_it(con, tmp_path):
+    drive(con, "SELECT text MATCHING 'a(b|c)' LIMIT 1;\r" + CTRL_D)
+    assert "SELECT text MATCHING 'a(b|c)' LIMIT 1;" in (tmp_path / "history").read_text()
+    _, screen = drive(con, UP + "\r" + CTRL_D)  # a new session: Up brings the query back
+    assert "(1 row)" in screen
+
+
+def test_history_falls_back_to_memory(con, tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("RELMQL_HISTORY", str(blocker / "history"))  # a directory that cannot exist
+    code, screen = drive(con, "SELECT text MATCHING 'ab';\r" + CTRL_D)
+    assert code == 0 and "(1 row)" in screen
+
+
+def test_enter_submits_only_complete_input():
+    assert should_submit("SELECT text MATCHING 'a';")
+    assert should_submit("  ")
+    assert should_submit(".help")
+    assert should_submit("quit")
+    assert not should_submit("SELECT text MATCHING 'a'")
+    assert not should_submit("SELECT text MATCHING 'a;'")
+    assert not should_submit("SELECT text MATCHING 'a' -- ;")
+    assert should_submit("SELECT text MATCHING 'a'; -- done")
+
+
+# -- highlighting
+
+def test_lexer_keywords_are_the_grammars():
+    grammar = (ROOT / "grammar" / "relmql.lark").read_text()
+    assert set(re.findall(r"^([A-Z]+)\.2:", grammar, re.M)) == set(KEYWORDS)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.rql")), ids=lambda p: p.name)
+def test_lexer_reads_the_examples_without_errors(path):
+    assert not [v for t, v in RelmqlLexer().get_tokens(path.read_text()) if t in ErrorToken]
+
+
+def test_lexer_tokens():
+    q = ("-- c\nselect group(1) AS g, count(*) FROM tiny-gpt2 MATCHING 'it''s (a|b)' /* x */ PREFIX :p\n"
+         "WHERE edits <= 1.5e0 AND text NOT MATCHING 'z' USING topk 40 LIMIT 10;\n.mode csv\n")
+    toks = [(str(t), v) for t, v in RelmqlLexer().get_tokens(q) if v.strip()]
+    assert not [v for t, v in toks if "Error" in t]
+    kinds = dict((v, t) for t, v in toks)
+    assert kinds["select"] == "Token.Keyword" and kinds["MATCHING"] == "Token.Keyword"
+    assert kinds["group"] == "Token.Name.Function" and kinds["count"] == "Token.Name.Function"
+    assert kinds["tiny-gpt2"] == "Token.Name.Namespace"
+    assert kinds["''"] == "Token.Literal.String.Escape"
+    assert kinds[":p"] == "Token.Name.Variable.Magic"
+    assert kinds["1.5e0"] == "Token.Literal.Number.Float" and kinds["40"] == "Token.Literal.Number.Integer"
+    assert kinds["-- c"] == "Token.Comment.Single" and kinds["/*"] == "Token.Comment.Multiline"
+    assert kinds[".mode"] == "Token.Keyword.Pseudo"
+
+
+def test_lexer_is_found_by_pygments_name():
+    from pygments import highlight
+    from pygments.formatters import HtmlFormatter
+    html = highlight("SELECT text MATCHING 'a';", RelmqlLexer(), HtmlFormatter())
+    assert '<span class="k">SELECT</span>' in html
+
+
+# -- completion
+
+@pytest.fixture(scope="module")
+def completer(con):
+    return RelmqlCompleter.for_connection(con, names())
+
+
+def complete(completer, text):
+    doc = Document(text, len(text))
+    return [c.text for c in completer.get_completions(doc, CompleteEvent(completion_requested=True))]
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("", ["SELECT", "MATCHING", "EXPLAIN", "SET", "SHOW"]),
+    ("sel", ["SELECT"]),
+    ("MATCHING 'a' USING ", ["topk", "topp", "temperature", "tokenization", "eos", "edits"]),
+    ("MATCHING 'a' USING topk 5, to", ["topk", "topp", "tokenization"]),
+    ("MATCHING 'a' USING tokenization ", ["canonical", "all"]),
+    ("SELECT text FROM ", ["tiny-gpt2", "smollm2-135m"]),
+    ("SELECT text FROM tiny-g", ["tiny-gpt2"]),
+    ("SELECT te", ["text"]),
+    ("SELECT text, co", ["completion", "count(", "coalesce("]),
+    ("SELECT text MATCHING 'a' WHERE ed", ["edits"]),
+    ("SELECT text MATCHING 'a' WHERE edits ", ["AND", "OR"]),
+    ("MATCHING 'a' GROUP BY ", ["text", "prob"]),
+    ("MATCHING 'a' ORDER BY ", ["prob", "total_prob"]),
+    ("SET ", ["topk", "model"]),
+    ("SET tokenization = ", ["'canonical'", "'all'"]),
+    ("SET model TO ", ["'tiny-gpt2'"]),
+    ("SHOW ", ["MODELS", "OPTIONS", "FUNCTIONS"]),
+    (".", [".help", ".model", ".mode", ".timer", ".read", ".output", ".quit", ".explain"]),
+    (".mo", [".model", ".mode"]),
+    (".model ", ["tiny-gpt2"]),
+    (".mode ", ["table", "csv", "json", "jsonl"]),
+    (".timer ", ["on", "off"]),
+])
+def test_completer_proposes(completer, text, expected):
+    got = complete(completer, text)
+    assert set(expected) <= set(got), got
+
+
+@pytest.mark.parametrize("text,absent", [
+    ("SELECT text MATCHING 'a' US", ["SELECT"]),
+    ("SELECT text MATCHING 'a' USING topk 5 ", ["USING", "SELECT", "MATCHING"]),
+    ("SELECT text MATCHING 'a' ", ["SELECT", "MATCHING"]),
+])
+def test_completer_leaves_out_used_clauses(completer, text, absent):
+    assert not set(absent) & set(complete(completer, text))
+
+
+@pytest.mark.parametrize("text", ["SELECT text MATCHING 'a", "MATCHING 'it''s", "MATCHING 'a' -- a com",
+                                  "MATCHING 'a' /* note ", "MATCHING 'a' LIMIT 5"])
+def test_completer_is_quiet_inside_strings_comments_and_numbers(completer, text):
+    assert complete(completer, text) == []
+
+
+def test_completion_is_applied_with_tab(con):
+    def script(send, screen):
+        assert screen.wait_for(lambda s: "SHOW MODELS" in s, timeout=5)  # completion runs in the background
+        send(";\r")
+        assert screen.wait_for(lambda s: "│ tiny-gpt2" in s, timeout=5)
+
+    _, screen = drive(con, "SHOW MOD\t", script)
+    assert "│ tiny-gpt2" in screen
+
+
+# -- the real console command in a terminal
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_console_command_in_tmux(tmp_path):
+    sock = f"relmql-test-{os.getpid()}"
+    tmux = ["tmux", "-L", sock]
+    env = dict(os.environ, RELMQL_HISTORY=str(tmp_path / "history"), TERM="xterm")
+    cmd = f"{sys.executable} -m relmql.cli --model tiny-gpt2 --no-progress; echo relmql-exit=$?; sleep 30"
+
+    def screen():
+        return subprocess.run(tmux + ["capture-pane", "-p", "-J", "-t", "repl", "-S", "-200"], capture_output=True,
+                              text=True, env=env).stdout
+
+    def wait_for(needle, timeout=30.0):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            text = screen()
+            if needle in text:
+                return text
+            time.sleep(0.1)
+        raise AssertionError(f"{needle!r} not on the screen:\n{screen()}")
+
+    def keys(*k):
+        subprocess.run(tmux + ["send-keys", "-t", "repl", *k], check=True, env=env)
+
+    subprocess.run(tmux + ["new-session", "-d", "-s", "repl", "-x", "110", "-y", "40", cmd], check=True, env=env,
+                   cwd=ROOT)
+    try:
+        wait_for("relmql>")  # (capture-pane drops trailing spaces)
+        keys("SELECT text, prob", "Enter", "MATCHING 'a(b|c)' LIMIT 2\\;", "Enter")
+        text = wait_for("(2 rows)")
+        assert "   ...> MATCHING 'a(b|c)' LIMIT 2;" in text
+        assert re.search(r"^│ ac +│ +4\.\d+e-05 │$", text, re.M)
+        # Ctrl-C through the terminal: a real SIGINT
+        keys("MATCHING '[a-z]{1,30}' LIMIT 100000\\;", "Enter")
+        wait_for("│     3 │")
+        keys("C-c")
+        wait_for("cancelled")
+        keys(".hepl", "Enter")
+        wait_for("did you mean .help?")
+        keys("C-d")
+        assert "relmql-exit=0" in wait_for("relmql-exit=")
+        assert "Traceback" not in screen()
+    finally:
+        subprocess.run(tmux + ["kill-server"], capture_output=True, env=env)
