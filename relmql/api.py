@@ -315,6 +315,8 @@ class Connection:
 class _Progress:
     """A tqdm bar on stderr once the total is known, shown only after a second and only on a terminal."""
 
+    DELAY = 1.0
+
     def __init__(self, enabled: bool):
         self.enabled = enabled and sys.stderr.isatty()
         self.bar = None
@@ -322,7 +324,7 @@ class _Progress:
     def total(self, n: int) -> None:
         if self.enabled and self.bar is None:
             from tqdm import tqdm
-            self.bar = tqdm(total=n, file=sys.stderr, delay=1.0, leave=False, unit="row", dynamic_ncols=True)
+            self.bar = tqdm(total=n, file=sys.stderr, delay=self.DELAY, leave=False, unit="row", dynamic_ncols=True)
 
     def update(self, n: int) -> None:
         if self.bar is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 import sys
 import threading
@@ -252,3 +253,23 @@ def test_default_connection_uses_the_embedded_model():
     rows = relmql.sql("SELECT text, prob MATCHING 'a(b|c)' LIMIT 1").fetchall()
     assert len(rows) == 1 and rows[0][0] in ("ab", "ac") and 0 < rows[0][1] <= 1
     assert {m: d for m, d, _ in relmql.sql("SHOW MODELS")}["smollm2-135m"] is True
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_on_a_terminal_only(monkeypatch):
+    from relmql import api
+    monkeypatch.setattr(api._Progress, "DELAY", 0)
+    con = relmql.connect(model="tiny-gpt2", progress=True)
+    query = "SELECT text MATCHING '(a|b)(c|d)' USING seed 3 SAMPLE 20"
+    err = _Terminal()
+    monkeypatch.setattr(sys, "stderr", err)
+    assert len(con.sql(query).fetchall()) == 20
+    assert "/20" in err.getvalue()
+    quiet = io.StringIO()  # not a terminal: no bar
+    monkeypatch.setattr(sys, "stderr", quiet)
+    assert len(con.sql(query).fetchall()) == 20
+    assert quiet.getvalue() == ""

@@ -428,3 +428,32 @@ def test_console_command_in_tmux(tmp_path):
         assert "Traceback" not in screen()
     finally:
         subprocess.run(tmux + ["kill-server"], capture_output=True, env=env)
+
+
+def test_the_embedded_model_through_the_shell(smol):
+    """The multiple-choice birthday query typed into the shell on SmolLM2: the months on screen,
+    in order, with the probabilities that scoring each string directly gives."""
+    import math
+    import relmql
+    con = relmql.connect(dtype="float32")
+    con._models[("smollm2-135m", "cpu", "float32")] = smol  # the session's copy, loaded once
+    months = ["January", "February", "March", "April", "May", "June", "July", "August", "September",
+              "October", "November", "December"]
+    prefix = "George Washington was born on"
+    query = (f"SELECT rank, group(1) AS month, prob\rMATCHING '{prefix} ({'|'.join(months)})'\r"
+             f"PREFIX '{prefix}'\rLIMIT 4;\r")
+    code, screen = drive(con, query + CTRL_D)
+    assert code == 0 and "Traceback" not in screen
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in screen.splitlines()
+            if re.match(r"│ +\d+ │", line)]
+    n_prefix = len(smol.vocabulary.encode(prefix))
+    oracle = {}
+    for m in months:
+        toks = smol.vocabulary.encode(f"{prefix} {m}")
+        assert toks[:n_prefix] == smol.vocabulary.encode(prefix)
+        oracle[m] = math.exp(float(smol.score(toks)[n_prefix:].sum()))
+    best = sorted(months, key=oracle.get, reverse=True)[:4]
+    assert [r[0] for r in rows] == ["1", "2", "3", "4"]
+    assert {r[1] for r in rows} == set(best)
+    for _, month, prob in rows:
+        assert abs(float(prob) - oracle[month]) <= 1e-4 * oracle[month] + 1e-6
