@@ -16,7 +16,8 @@ from .errors import Error, closest
 from .models import BUILTIN_MODELS, LanguageModel, load_model
 from .output import render_table
 from .output.format import format_value
-from .plan import OPTIONS, DatasetPlan, ModelRef, PlanError, QueryPlan, defaults, iter_rows, option, plan, plan_row
+from .plan import (OPTIONS, DatasetPlan, ModelRef, PlanError, QueryPlan, constant, defaults, option, plan, plan_row,
+                   selected_rows)
 from .plan.explain import explain as explain_plan
 from .syntax import ast as A
 from .syntax import parse
@@ -44,6 +45,7 @@ class Result:
         self._iter: Optional[Iterator[tuple]] = None
         self._rows: List[tuple] = []
         self._done = False
+        self._cursor = 0  # rows handed out by fetchone/fetchmany/fetchall
         self._explain = explain
         self.cancelled = threading.Event()
 
@@ -76,8 +78,6 @@ class Result:
 
     def fetchone(self) -> Optional[tuple]:
         """The next row not yet fetched, or None."""
-        if not hasattr(self, "_cursor"):
-            self._cursor = 0
         if self._cursor >= len(self._rows) and self._next() is None:
             return None
         self._cursor += 1
@@ -237,11 +237,10 @@ class Connection:
             return Result(("plan",), lambda r: iter([(line,) for line in lines]), kind="text")
         if isinstance(st, A.Set):
             spec = option(st.name, st.name_span, text)
-            from .plan.planner import _const
             if isinstance(st.value, A.Column):  # SET tokenization = all: a bare word is a value
                 value = st.value.name
             else:
-                value = _const(st.value, dict(params or {}), text, "SET")
+                value = constant(st.value, dict(params or {}), text, "SET")
             self.settings[spec.name] = spec.check(value, st.value.span, text)
             shown = self.settings[spec.name]
             return Result((), lambda r: iter(()), kind="status", message=f"SET {spec.name} = {shown}")
@@ -265,11 +264,7 @@ class Connection:
     def _explain(self, p) -> str:
         from .engine import compile_plan, load
         if isinstance(p, DatasetPlan):
-            rows = list(iter_rows(p.path, p.source, p.query.dataset.source.span))
-            from .plan import row_selected
-            selected = [r for r in rows if row_selected(p, r)]
-            if p.row_limit is not None:
-                selected = selected[:p.row_limit]
+            selected = selected_rows(p)
             if not selected:
                 raise PlanError(f"{p.path}: no rows to run", p.query.dataset.source.span, p.source)
             first = plan_row(p, selected[0])

@@ -110,7 +110,7 @@ def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: I
     try:
         statements = parse(text)
     except Error as e:
-        print(_located(e, name), file=err)
+        print(e.render(_origin(name)), file=err)
         return EXIT_ERROR
     first = True
     for st in statements:
@@ -128,7 +128,7 @@ def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: I
                 continue
             write(result.columns, iter(result), fmt, out, stream=fmt == "table" and out.isatty(), kinds=result.kinds)
         except Error as e:
-            print(_located(e, name), file=err)
+            print(e.render(_origin(name)), file=err)
             return EXIT_ERROR
         except KeyboardInterrupt:
             if result is not None:
@@ -147,12 +147,8 @@ def _quiet_pipe():
     os.dup2(devnull, sys.stdout.fileno())
 
 
-def _located(e: Error, name: str) -> str:
-    text = e.render()
-    if name not in ("-c",) and e.span is not None and e.source is not None:
-        line = e.source.count("\n", 0, e.span[0]) + 1
-        return f"{name}:{line}: {text}"
-    return text
+def _origin(name: str) -> Optional[str]:
+    return None if name == "-c" else name
 
 
 if __name__ == "__main__":  # pragma: no cover

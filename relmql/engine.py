@@ -16,7 +16,7 @@ from .automata import compile
 from .errors import Error
 from .execute import Row, SearchStats, execute
 from .models import LanguageModel
-from .plan import DatasetPlan, ModelRef, Plan, QueryPlan, evaluate, iter_rows, plan_row, row_selected
+from .plan import DatasetPlan, ModelRef, Plan, QueryPlan, evaluate, plan_row, selected_rows
 from .plan.expr import Env
 from .plan.options import PlanError
 from .syntax import ast as A
@@ -207,10 +207,7 @@ def _hashable(v):
 
 
 def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total) -> Iterator[Env]:
-    rows = [r for r in iter_rows(plan.path, plan.source, plan.query.dataset.source.span)]
-    selected = [r for r in rows if row_selected(plan, r)]
-    if plan.row_limit is not None:
-        selected = selected[:plan.row_limit]
+    selected = selected_rows(plan)
     if on_total is not None:
         on_total(len(selected))
     stopped: list = []

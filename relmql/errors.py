@@ -40,9 +40,12 @@ class Error(Exception):
         err.__cause__ = self.__cause__
         return err
 
-    def render(self) -> str:
-        """The message, the offending source line and a caret span under it."""
+    def render(self, origin: Optional[str] = None) -> str:
+        """The message, the offending source line and a caret span under it; with ``origin`` (a
+        file name) the first line starts with ``origin:line:``."""
         lines = [f"{self.kind}: {self.message}"]
+        if origin and self.span is not None and self.source is not None:
+            lines[0] = f"{origin}:{self.source.count(chr(10), 0, self.span[0]) + 1}: {lines[0]}"
         if self.span is not None and self.source is not None:
             lines.extend(caret_lines(self.source, self.span))
         if self.hint:

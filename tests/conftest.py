@@ -88,3 +88,27 @@ def fullmatch(pattern: str, s: str) -> bool:
 def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", default=False,
                      help="regenerate the expected files under tests/golden/ instead of comparing with them")
+
+
+# -- sessions on the tiny model, for the language, API and command-line tests
+
+@pytest.fixture(scope="module")
+def con(tiny):
+    """A session on tiny-gpt2 in float32 (one per test module: SET does not leak between modules)."""
+    import relmql
+    session = relmql.connect(model="tiny-gpt2", dtype="float32")
+    session._models[("tiny-gpt2", "cpu", "float32")] = tiny
+    return session
+
+
+@pytest.fixture(scope="module")
+def model(con):
+    return con.model()
+
+
+def fresh(con, **options):
+    """A new session (default settings) sharing ``con``'s loaded model, so that it is not loaded again."""
+    import relmql
+    new = relmql.connect(model="tiny-gpt2", dtype="float32", **options)
+    new._models = dict(con._models)
+    return new

@@ -11,28 +11,12 @@ import time
 import pytest
 
 import relmql
+from conftest import fresh
 from relmql.execute import Cancelled
 from relmql.plan import OPTIONS, PlanError
 
 SMALL = "SELECT rank, text, prob MATCHING '(The|A) (cat|dog|bird) (sat|ran)' PREFIX '(The|A)'"  # 12 rows
 LONG = "SELECT text MATCHING '[a-z]{1,30}' USING topk 50 LIMIT 100000"  # runs for minutes
-
-
-@pytest.fixture(scope="module")
-def con():
-    return relmql.connect(model="tiny-gpt2", dtype="float32")
-
-
-@pytest.fixture(scope="module")
-def model(con):
-    return con.model()
-
-
-def fresh(con, **options):
-    """A new session sharing ``con``'s loaded model (so that it is not loaded again)."""
-    new = relmql.connect(model="tiny-gpt2", dtype="float32", **options)
-    new._models = dict(con._models)
-    return new
 
 
 # -- laziness

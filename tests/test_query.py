@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import relmql
+from conftest import fresh
 from relmql.errors import CompileError, ModelError, RegexError
 from relmql.plan import PlanError
 from relmql.syntax import ParseError
@@ -40,23 +41,6 @@ PREFIX = "(The|A)"
 MEMBERS = [(d, f"{d} {a} {v}") for d, a, v in itertools.product(DETS, ANIMALS, VERBS)]
 TEXTS = {t for _, t in MEMBERS}
 Q = f"MATCHING '{LANG}' PREFIX '{PREFIX}'"
-
-
-@pytest.fixture(scope="module")
-def con():
-    return relmql.connect(model="tiny-gpt2", dtype="float32")
-
-
-@pytest.fixture(scope="module")
-def model(con):
-    return con.model()
-
-
-def fresh(con, **options):
-    """A new session (default settings) sharing ``con``'s loaded model, so that it is not loaded again."""
-    new = relmql.connect(model="tiny-gpt2", dtype="float32", **options)
-    new._models = dict(con._models)
-    return new
 
 
 def rows(con, text, params=None):

@@ -5,8 +5,9 @@ Entry point: ``plan(query, source, settings, params)``.
 
 from .expr import AGGREGATES, FUNCTIONS, Env, escape, evaluate
 from .options import OPTIONS, OptionSpec, PlanError, defaults, option
-from .planner import (DatasetPlan, ModelRef, Output, Plan, QueryPlan, iter_rows, plan, plan_row, row_selected)
+from .planner import (DatasetPlan, ModelRef, Output, Plan, QueryPlan, constant, iter_rows, plan, plan_row,
+                      row_selected, selected_rows)
 
-__all__ = ["plan", "plan_row", "row_selected", "iter_rows", "QueryPlan", "DatasetPlan", "Plan", "ModelRef", "Output",
+__all__ = ["plan", "plan_row", "row_selected", "selected_rows", "constant", "iter_rows", "QueryPlan", "DatasetPlan", "Plan", "ModelRef", "Output",
            "OPTIONS", "OptionSpec", "PlanError", "defaults", "option", "FUNCTIONS", "AGGREGATES", "Env", "escape",
            "evaluate"]

@@ -140,7 +140,8 @@ class _ConstEnv(Env):
         raise PlanError(f"{self.where} cannot use group(): there is no result row yet", node.span, self.source)
 
 
-def _const(node: A.Node, params, source, where):
+def constant(node: A.Node, params, source, where):
+    """The value of an expression that refers to no result row (params and functions only)."""
     check_calls(node, source, allow_aggregates=False, allow_rows=False)
     try:
         return evaluate(node, _ConstEnv(params, source, where))
@@ -155,14 +156,14 @@ def _sourced(e: Error, source: str) -> Error:
 
 
 def _text(node, params, source, where) -> str:
-    value = _const(node, params, source, where)
+    value = constant(node, params, source, where)
     if not isinstance(value, str):
         raise PlanError(f"{where} must be text (a regex), not {value!r}", node.span, source)
     return value
 
 
 def _count(node, params, source, what) -> int:
-    value = _const(node, params, source, what)
+    value = constant(node, params, source, what)
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -187,7 +188,7 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
     opts = _options(query, source, settings, params)
     model_name = opts["model"]
     if query.model is not None:
-        model_name = _const(query.model, params, source, "FROM")
+        model_name = constant(query.model, params, source, "FROM")
         if not isinstance(model_name, str):
             raise PlanError(f"FROM needs a model name, not {model_name!r}", query.model.span, source)
     model = ModelRef(model_name, opts["device"], opts["dtype"])
@@ -253,7 +254,7 @@ def _options(query: A.Query, source: str, settings, params) -> Dict[str, Any]:
                 raise PlanError(f"{spec.name} needs a value", o.name_span, source, hint=f"{spec.name}: {spec.doc}")
             value = True
         else:
-            value = _const(o.value, params, source, "USING")
+            value = constant(o.value, params, source, "USING")
         opts[spec.name] = spec.check(value, o.value.span if o.value is not None else o.span, source)
     return opts
 
@@ -301,7 +302,7 @@ def _select(query: A.Query, source: str, groups) -> Tuple[Tuple[Output, ...], bo
     aggregate = bool(group_by) or any(is_aggregate(o.expr) for o in items)
     if aggregate:
         for o, item in zip(items, query.select or ()):
-            if not is_aggregate(o.expr) and o.expr not in group_by and not _only_constants(o.expr):
+            if not is_aggregate(o.expr) and o.expr not in group_by and _refers_to_row(o.expr):
                 raise PlanError(f"{o.name} must be in GROUP BY or inside an aggregate such as count()",
                                 item.span, source)
     names = [o.name for o in items]
@@ -312,8 +313,8 @@ def _select(query: A.Query, source: str, groups) -> Tuple[Tuple[Output, ...], bo
     return tuple(items), aggregate, tuple(group_by)
 
 
-def _only_constants(node: A.Node) -> bool:
-    return not any(isinstance(n, (A.Column,)) or (isinstance(n, A.Call) and n.name == "group") for n in node.walk())
+def _refers_to_row(node: A.Node) -> bool:
+    return any(isinstance(n, A.Column) or (isinstance(n, A.Call) and n.name == "group") for n in node.walk())
 
 
 def _conjuncts(node: A.Node) -> List[A.Node]:
@@ -348,17 +349,15 @@ def _where(query: A.Query, source: str, params, groups, opts) -> Tuple[Optional[
 def _exclusion(node: A.Node, params, source) -> Optional[str]:
     """``text NOT MATCHING 'r'`` and ``text NOT IN ('a', ...)`` with constant right sides: regexes."""
     if isinstance(node, A.Matches) and node.negated and node.operand == A.Column("text"):
-        if any(isinstance(n, (A.Column,)) or (isinstance(n, A.Call) and n.name == "group")
-               for n in node.pattern.walk()):
+        if _refers_to_row(node.pattern):
             return None
         return _text(node.pattern, params, source, "NOT MATCHING")
     if isinstance(node, A.InList) and node.negated and node.operand == A.Column("text"):
-        if any(isinstance(n, A.Column) or (isinstance(n, A.Call) and n.name == "group")
-               for i in node.items for n in i.walk()):
+        if any(_refers_to_row(i) for i in node.items):
             return None
         values = []
         for i in node.items:
-            v = _const(i, params, source, "NOT IN")
+            v = constant(i, params, source, "NOT IN")
             values.extend(v if isinstance(v, (list, tuple)) else [v])
         if not all(isinstance(v, str) for v in values) or not values:
             return None
@@ -447,14 +446,20 @@ def plan_row(dplan: DatasetPlan, row: Mapping[str, Any]) -> QueryPlan:
     return _plan_query(query, dplan.source, dict(dplan.settings), params)
 
 
+def selected_rows(dplan: DatasetPlan) -> List[Dict[str, Any]]:
+    """The data rows the dataset's WHERE and LIMIT choose."""
+    rows = [r for r in iter_rows(dplan.path, dplan.source, dplan.query.dataset.source.span) if row_selected(dplan, r)]
+    return rows if dplan.row_limit is None else rows[:dplan.row_limit]
+
+
 def row_selected(dplan: DatasetPlan, row: Mapping[str, Any]) -> bool:
     """Whether ``row`` passes the dataset's WHERE."""
     if dplan.row_where is None:
         return True
     params = {**dict(dplan.params), **row}
-    value = _const(dplan.row_where, params, dplan.source, "FOR EACH ROW ... WHERE")
+    value = constant(dplan.row_where, params, dplan.source, "FOR EACH ROW ... WHERE")
     return bool(value)
 
 
-__all__ = ["plan", "plan_row", "row_selected", "iter_rows", "QueryPlan", "DatasetPlan", "Plan", "ModelRef", "Output",
+__all__ = ["plan", "plan_row", "row_selected", "selected_rows", "constant", "iter_rows", "QueryPlan", "DatasetPlan", "Plan", "ModelRef", "Output",
            "OPTIONS", "AGGREGATES"]

@@ -73,7 +73,7 @@ class Shell:
         """One clean message for any failure: an ``Error`` rendered with its caret, anything else
         (a bug) as one line, never a traceback."""
         if isinstance(e, Error):
-            self.warn(_located(e, name))
+            self.warn(e.render(name))
         elif isinstance(e, KeyboardInterrupt):
             self.warn("cancelled")
         else:
@@ -249,14 +249,6 @@ class Shell:
         else:
             write(result.columns, iter(result), self.mode, self.out, kinds=result.kinds)
         self.out.flush()
-
-
-def _located(e: Error, name: Optional[str]) -> str:
-    text = e.render()
-    if name and e.span is not None and e.source is not None:
-        line = e.source.count("\n", 0, e.span[0]) + 1
-        return f"{name}:{line}: {text}"
-    return text
 
 
 def _chunks(text: str) -> Iterator[Tuple[str, str, int]]:
