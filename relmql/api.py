@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import sys
 import threading
+import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from .errors import Error, closest
@@ -48,12 +49,15 @@ class Result:
         self._cursor = 0  # rows handed out by fetchone/fetchmany/fetchall
         self._explain = explain
         self.cancelled = threading.Event()
+        self.times: List[float] = []  # seconds from the first read to each row's arrival
+        self._t0: Optional[float] = None
 
     # -- reading
     def _next(self) -> Optional[tuple]:
         if self._done:
             return None
         if self._iter is None:
+            self._t0 = time.perf_counter()
             self._iter = self._make(self)
         try:
             row = next(self._iter)
@@ -64,6 +68,7 @@ class Result:
             self._done = True
             raise
         self._rows.append(row)
+        self.times.append(time.perf_counter() - self._t0)
         return row
 
     def __iter__(self) -> Iterator[tuple]:
@@ -137,6 +142,14 @@ class Result:
         if self._explain is None:
             raise Error("only queries have a plan")
         return self._explain()
+
+    def plot(self, path: str, kind: Optional[str] = None, log: bool = False, title: Optional[str] = None) -> str:
+        """Draw the rows (all of them, read now if need be) into ``path`` (.png, .svg or .pdf):
+        ``kind`` "bar" (grouped results), "cumulative" (rows over time) or "cdf" (of a numeric
+        column); chosen from the columns when not given. Returns the kind drawn."""
+        from .output.plot import plot
+        rows = list(self)
+        return plot(self.columns, rows, path, kind, log=log, title=title, times=self.times, kinds=self.kinds)
 
     def cancel(self) -> None:
         self.cancelled.set()

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from .automata import compile
 from .errors import Error
-from .execute import Row, SearchStats, execute
+from .execute import COLUMNS, Mass, Measure, Row, SearchStats, execute, measure
 from .models import LanguageModel
 from .plan import DatasetPlan, ModelRef, Plan, QueryPlan, evaluate, plan_row, selected_rows
 from .plan.expr import Env
@@ -28,17 +28,25 @@ class RowEnv(Env):
     """A result row as expressions see it: its columns, the capture groups of MATCHING in its
     text (NULL where the text does not match, e.g. after edits), and the query's parameters."""
 
-    def __init__(self, plan: QueryPlan, row: Optional[Row], rank: Optional[int], regex):
-        self.plan, self.row, self.rank, self._regex = plan, row, rank, regex
+    def __init__(self, plan: QueryPlan, row: Optional[Row], rank: Optional[int], regex, mass: Optional[Mass] = None):
+        self.plan, self.row, self.rank, self._regex, self.mass = plan, row, rank, regex, mass
         self._match = False
+
+    def measured(self):
+        if self.mass is None:
+            raise PlanError("probability() needs a query that measures its language", None, self.plan.source)
+        if self.row is None:
+            return self.mass, None, None
+        return self.mass, self.row.prob, self.row.weight
 
     def column(self, node: A.Column):
         name = node.name
         row = self.row
         if name == "rank":
             return self.rank
-        if name in ("text", "prefix", "completion", "tokens", "logprob", "prob", "total_logprob", "total_prob",
-                    "canonical", "edits", "weight"):
+        if name == "edit_position":
+            return None if row is None or not row.edits else edit_position(self.plan.matching, row.text)
+        if name in COLUMNS:
             if row is None:
                 return None
             value = getattr(row, name)
@@ -66,6 +74,24 @@ class RowEnv(Env):
         return None if self._match is None else self._match.group(key)
 
 
+def edit_position(pattern: str, text: str) -> Optional[int]:
+    """Where the first edit falls in an edited ``text``: the length of its longest beginning that
+    some string of the unedited ``pattern`` begins with (None if the pattern cannot be read)."""
+    import regex as rx
+    try:
+        compiled = rx.compile(pattern)
+    except (rx.error, RecursionError, OverflowError, ValueError):
+        return None
+    low, high = 0, len(text)  # text[:low] can still be completed; find the longest such beginning
+    while low < high:
+        mid = (low + high + 1) // 2
+        if compiled.fullmatch(text[:mid], partial=True) is not None:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
 class _GroupEnv(Env):
     """The rows of one group: aggregates see all of them, other expressions the first."""
 
@@ -90,10 +116,11 @@ def _regex(plan: QueryPlan):
 
 
 def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event] = None,
-               progress: Optional[Callable[[int], None]] = None, stopped: Optional[list] = None
-               ) -> Iterator[RowEnv]:
+               progress: Optional[Callable[[int], None]] = None, stopped: Optional[list] = None,
+               masses: Optional[list] = None) -> Iterator[RowEnv]:
     """The result rows of one query that pass its WHERE, up to its LIMIT. A search that stops at
-    ``max_nodes`` is warned about on stderr, or appended to ``stopped`` when given."""
+    ``max_nodes`` is warned about on stderr, or appended to ``stopped`` when given. A query that
+    measures its language (probability()) appends how to ``masses``."""
     model = load(plan, models)
     automaton = compile_plan(plan, model)
     regex = _regex(plan)
@@ -101,10 +128,17 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
         return
     emitted = 0
     stats = SearchStats()
-    for row in execute(automaton, model, plan.traversal, plan.decoding, cancel, stats):
+    mass = None
+    if isinstance(plan.traversal, Measure):
+        mass, rows = measure(automaton, model, plan.decoding, plan.traversal, cancel, stats)
+        if masses is not None:
+            masses.append(mass)
+    else:
+        rows = execute(automaton, model, plan.traversal, plan.decoding, cancel, stats)
+    for row in rows:
         if progress is not None:
             progress(1)
-        env = RowEnv(plan, row, emitted + 1, regex)
+        env = RowEnv(plan, row, emitted + 1, regex, mass)
         if plan.where is not None and not _truth(_eval(plan.where, env, plan.source)):
             continue
         emitted += 1
@@ -160,12 +194,13 @@ def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
         ) -> Iterator[tuple]:
     """Output tuples of ``plan``. ``progress(n)`` is told of each result row (or data row);
     ``on_total(n)`` of how many there will be, when that is known."""
+    masses: list = []
     if isinstance(plan, DatasetPlan):
-        envs = _dataset_rows(plan, models, cancel, progress, on_total)
+        envs = _dataset_rows(plan, models, cancel, progress, on_total, masses)
     else:
         if on_total is not None and hasattr(plan.traversal, "n"):
             on_total(plan.traversal.n)
-        envs = query_rows(plan, models, cancel, progress)
+        envs = query_rows(plan, models, cancel, progress, masses=masses)
     outputs = plan.outputs
     if not plan.aggregate:
         for env in envs:
@@ -179,12 +214,17 @@ def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
         groups[()] = []
     for key in sorted(groups, key=_order):
         members = groups[key]
-        genv = _GroupEnv(members) if members else _EmptyEnv()
+        genv = _GroupEnv(members) if members else _EmptyEnv(masses)
         yield tuple(_eval(o.expr, genv, plan.source) for o in outputs)
 
 
 class _EmptyEnv(Env):
+    """No rows at all: aggregates over nothing (probability() over the measurements made)."""
+
     rows: List[Env] = []
+
+    def __init__(self, masses=()):
+        self.masses = tuple(masses)
 
     def column(self, node):
         return None
@@ -206,7 +246,7 @@ def _hashable(v):
     return tuple(v) if isinstance(v, list) else v
 
 
-def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total) -> Iterator[Env]:
+def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total, masses) -> Iterator[Env]:
     selected = selected_rows(plan)
     if on_total is not None:
         on_total(len(selected))
@@ -217,11 +257,12 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total)
             raise Cancelled("the query was cancelled")
         qplan = plan_row(plan, data)
         found = False
-        for env in query_rows(qplan, models, cancel, stopped=stopped):
+        before = len(masses)
+        for env in query_rows(qplan, models, cancel, stopped=stopped, masses=masses):
             found = True
             yield env
         if not found:  # the row still counts: one row of NULL results (as a LEFT JOIN would give)
-            yield RowEnv(qplan, None, None, _regex(qplan))
+            yield RowEnv(qplan, None, None, _regex(qplan), masses[-1] if len(masses) > before else None)
         if progress is not None:
             progress(1)
     if stopped:

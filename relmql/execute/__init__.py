@@ -10,12 +10,13 @@ from typing import Iterator, Optional, Union
 
 from ..automata.tokens import TokenAutomaton
 from ..models.base import LanguageModel
-from .options import Cancelled, Decoding, ExecutionError, Sample, ShortestPath
-from .rows import COLUMNS, Row
+from .measure import Mass, measure
+from .options import Cancelled, Decoding, ExecutionError, Measure, Sample, ShortestPath
+from .rows import COLUMNS, COMPUTED_COLUMNS, Row
 from .sampling import SampleStats, sample
 from .shortest import SearchStats, shortest_path
 
-Traversal = Union[ShortestPath, Sample]
+Traversal = Union[ShortestPath, Sample, Measure]
 
 
 def execute(automaton: TokenAutomaton, model: LanguageModel, traversal: Traversal,
@@ -28,8 +29,10 @@ def execute(automaton: TokenAutomaton, model: LanguageModel, traversal: Traversa
         return shortest_path(automaton, model, rules, traversal, cancel, stats)
     if isinstance(traversal, Sample):
         return sample(automaton, model, rules, traversal, cancel)
+    if isinstance(traversal, Measure):
+        return measure(automaton, model, rules, traversal, cancel, stats)[1]
     raise ExecutionError(f"unknown traversal {traversal!r}")
 
 
-__all__ = ["execute", "shortest_path", "sample", "ShortestPath", "Sample", "Decoding", "Row", "COLUMNS",
+__all__ = ["execute", "shortest_path", "sample", "measure", "ShortestPath", "Sample", "Measure", "Mass", "Decoding", "Row", "COLUMNS", "COMPUTED_COLUMNS",
            "Cancelled", "ExecutionError", "SampleStats", "SearchStats"]

@@ -63,7 +63,10 @@ class ShortestPath:
     prefix. ``max_nodes``: stop expanding after this many nodes (the rows released until then
     are still the most probable, in order; ``SearchStats.stopped`` tells). ``batch_size``: nodes
     expanded per model call. ``max_prefix_nodes``: how many prefix nodes "prob" order may expand before its first
-    row (it needs every prefix's distribution to be sure of the order)."""
+    row (it needs every prefix's distribution to be sure of the order). ``complete``: rows are
+    whole generations, as ``Sample`` draws them: a string the language lets go on ends with the
+    end-of-text token, whose probability counts, so that rows are disjoint events and their
+    probabilities add up."""
 
     order: str = "prob"
     limit: Optional[int] = None
@@ -72,6 +75,7 @@ class ShortestPath:
     max_prefix_nodes: int = 100_000
     max_prefix_tokens: int = MAX_PREFIX_TOKENS
     max_nodes: Optional[int] = None
+    complete: bool = False
 
     def check(self) -> "ShortestPath":
         if self.order not in ORDERS:
@@ -104,6 +108,10 @@ class Sample:
       and drawn again whenever it leaves the language, so rows follow the model's distribution
       conditioned on the language exactly. It needs about 1 / P(language | prefix) draws per
       row; ``max_draws`` bounds the total.
+
+    With ``misses``, every sample is exactly one draw: a draw that leaves the language (exact)
+    or reaches a dead end (local) is not drawn again but ends as a row with ``miss`` set and
+    weight 0, so that the n rows are independent draws for estimating probabilities.
     """
 
     n: int
@@ -113,6 +121,7 @@ class Sample:
     batch_size: int = 64
     max_draws: Optional[int] = None
     max_prefix_tokens: int = MAX_PREFIX_TOKENS
+    misses: bool = False
 
     def check(self) -> "Sample":
         if not (isinstance(self.n, int) and self.n >= 0):
@@ -125,4 +134,44 @@ class Sample:
                 raise ExecutionError(f"{name} must be a whole number of at least 1, not {v!r}")
         if not isinstance(self.seed, int):
             raise ExecutionError(f"seed must be a whole number, not {self.seed!r}")
+        return self
+
+
+@dataclass(frozen=True)
+class Measure:
+    """The probability of the language, P(string in the language | prefix), summed over the
+    prefix's token paths (per group: over the strings of the group).
+
+    Summed exactly over every token sequence (``ShortestPath`` with ``complete`` rows) when the
+    language is finite with at most ``exact_limit`` of them; otherwise estimated from
+    ``samples`` independent draws of ``Sample`` with ``misses`` (``mode`` local: importance
+    weights; exact: rejection), with intervals at ``confidence``.
+    """
+
+    exact_limit: int = 10_000
+    samples: int = 1000
+    seed: int = 0
+    mode: str = "local"
+    max_tokens: int = 64
+    batch_size: int = 32
+    max_prefix_tokens: int = MAX_PREFIX_TOKENS
+    confidence: float = 0.95
+
+    def exact(self) -> ShortestPath:
+        """The traversal that sums exactly."""
+        return ShortestPath(max_tokens=self.max_tokens, batch_size=self.batch_size,
+                            max_prefix_tokens=self.max_prefix_tokens, complete=True)
+
+    def estimate(self) -> Sample:
+        """The traversal that estimates."""
+        return Sample(self.samples, seed=self.seed, mode=self.mode, max_tokens=self.max_tokens,
+                      batch_size=max(self.batch_size, 64), max_prefix_tokens=self.max_prefix_tokens, misses=True)
+
+    def check(self) -> "Measure":
+        if not (isinstance(self.exact_limit, int) and self.exact_limit >= 0):
+            raise ExecutionError(f"exact_limit must be a whole number, not {self.exact_limit!r}")
+        if not (isinstance(self.samples, int) and self.samples >= 1):
+            raise ExecutionError(f"an estimate needs at least one sample, not {self.samples!r}")
+        if not 0 < self.confidence < 1:
+            raise ExecutionError(f"confidence must be between 0 and 1, not {self.confidence!r}")
         return self

@@ -8,6 +8,7 @@ from typing import Tuple
 
 COLUMNS = ("text", "prefix", "completion", "tokens", "logprob", "prob", "total_logprob", "total_prob",
            "canonical", "edits", "rank", "weight")
+COMPUTED_COLUMNS = ("edit_position",)  # worked out from a row when asked for; not in SELECT *
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Row:
     rank: int
     weight: float = 1.0
     prefix_tokens: int = field(default=0, compare=False)
+    miss: bool = field(default=False, compare=False)  # a draw that did not give a string of the language
 
     @property
     def prob(self) -> float:
@@ -49,11 +51,11 @@ class Row:
 
 
 def make_row(vocab, tokens, n_prefix: int, logprob: float, total_logprob: float, edits: int, rank: int,
-             weight: float = 1.0) -> Row:
+             weight: float = 1.0, miss: bool = False) -> Row:
     tokens = tuple(int(t) for t in tokens)
     prefix = vocab.decode(tokens[:n_prefix])
     text = vocab.decode(tokens)
     completion = text[len(prefix):] if text.startswith(prefix) else vocab.decode(tokens[n_prefix:])
     canonical = tuple(vocab.encode(text)) == tokens
     return Row(text, prefix, completion, tokens, float(logprob), float(total_logprob), canonical, int(edits),
-               rank, float(weight), n_prefix)
+               rank, float(weight), n_prefix, miss)

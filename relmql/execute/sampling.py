@@ -23,6 +23,7 @@ walker has already read take its state from a cache instead of the model.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 from collections import OrderedDict
@@ -222,6 +223,10 @@ def sample(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opt
                 if what == "end":
                     break
                 stats.discarded += 1
+                if opts.misses:  # one draw per sample: this one missed
+                    done[w.index] = make_row(vocab, list(w.prefix) + w.tokens, len(w.prefix), -math.inf, -math.inf,
+                                             0, w.index + 1, 0.0, miss=True)
+                    break
                 w.dead_ends += bool(arg)
                 if arg and (not w.tokens or w.dead_ends >= DEAD_ENDS):
                     # the rules leave nothing of the language after this prefix (certainly, when the

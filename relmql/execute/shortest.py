@@ -127,8 +127,18 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
         elif parent.more:
             push(parent.kid_keys[-1], _MORE, parent, parent.more)
 
+    def needs_eos(state: int) -> bool:
+        """Whether a string ending at ``state`` ends with the end-of-text token: always with
+        ``eos``; with ``complete``, where the language lets the string go on."""
+        if rules.eos:
+            return True
+        if not opts.complete:
+            return False
+        arcs = automaton.arcs(state)
+        return len(arcs) > arcs.n_prefix
+
     def expandable(node: _Node) -> bool:
-        if rules.eos and automaton.is_final(node.state):
+        if needs_eos(node.state) and automaton.is_final(node.state):
             return True
         if node.ncomp >= opts.max_tokens and node.npre >= opts.max_prefix_tokens:
             return False
@@ -147,7 +157,7 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
     def consider(node: _Node, batch: list):
         """A node just taken from the queue: release its result (without eos) and queue its
         expansion, through any chain of forced prefix tokens below it (one model call for all)."""
-        if not rules.eos:
+        if not needs_eos(node.state):
             edits = automaton.final_edits(node.state)
             if edits >= 0:
                 push(result_key(node.pre_raw, node.cond), _RESULT, node, edits)
@@ -180,7 +190,7 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
                     n.pre_raw = n.parent.pre_raw + float(lp)
                     n.key = node_key(n.pre_raw, 0.0, True)
                 prefix_expanded += len(chain) - 1
-                if not rules.eos:
+                if not needs_eos(chain[-1].state):
                     edits = automaton.final_edits(chain[-1].state)
                     if edits >= 0:
                         push(result_key(chain[-1].pre_raw, 0.0), _RESULT, chain[-1], edits)
@@ -205,7 +215,7 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
             n = len(a)
             lr, lu = raw_all[start:start + n], rule_all[start:start + n]
             start += n
-            if chunk == 0 and rules.eos:
+            if chunk == 0 and needs_eos(node.state):
                 edits = automaton.final_edits(node.state)
                 if edits >= 0 and eos_rule[b] > -math.inf:
                     push(result_key(node.pre_raw, node.cond + eos_rule[b]), _RESULT, node, edits)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+from .. import stats
 from ..syntax import ast as A
 from .options import PlanError
 
@@ -110,11 +111,25 @@ FUNCTIONS: Dict[str, Function] = {f.name: f for f in (
     _f("exp", math.exp, ("number",), "e to the power x"),
     _f("ln", lambda x: math.log(x) if x > 0 else -math.inf, ("number",), "the natural logarithm"),
     _f("abs", abs, ("number",), "the absolute value"),
+    _f("ci_low", lambda x: stats.ci_bound(x, "low"), ("number",),
+       "the lower end of probability()'s interval (the value itself when exact)"),
+    _f("ci_high", lambda x: stats.ci_bound(x, "high"), ("number",),
+       "the upper end of probability()'s interval (the value itself when exact)"),
+    _f("wilson_low", lambda k, n, c=stats.DEFAULT_CONFIDENCE: stats.wilson(k, n, c)[0],
+       ("number", "number", "number"), "the lower end of the Wilson interval of k successes in n trials "
+       "(confidence 0.95 unless given)", optional=1),
+    _f("wilson_high", lambda k, n, c=stats.DEFAULT_CONFIDENCE: stats.wilson(k, n, c)[1],
+       ("number", "number", "number"), "the upper end of the Wilson interval of k successes in n trials",
+       optional=1),
 )}
 
 AGGREGATES = {"count": "the number of rows (or of non-NULL values)", "sum": "the sum of the values",
               "avg": "the mean of the values (true counts as 1)", "min": "the least value",
-              "max": "the greatest value"}
+              "max": "the greatest value",
+              "probability": "the probability the model gives to the group's strings: exact (summed over "
+                             "the language) or, for languages too large to enumerate, estimated by sampling "
+                             "with an interval"}
+NULLARY_AGGREGATES = ("probability",)
 ROW_FUNCTIONS = {"group": "a capture group of MATCHING in the row's text: group(1), group('name')",
                  "coalesce": "the first argument that is not NULL"}
 
@@ -125,7 +140,8 @@ def is_aggregate(node) -> bool:
 
 
 class Env:
-    """What an expression can see: columns, parameters, capture groups; ``rows`` under GROUP BY."""
+    """What an expression can see: columns, parameters, capture groups; ``rows`` under GROUP BY
+    (and ``masses``: measurements of probability() that no row stands for)."""
 
     def column(self, node: A.Column):
         raise PlanError(f"{node.name} is not known here", node.span)
@@ -136,7 +152,12 @@ class Env:
     def group(self, key, node: A.Node):
         raise PlanError("group() needs a result row", node.span)
 
+    def measured(self):
+        """(mass, prob, weight) of this row for probability()."""
+        raise PlanError("probability() needs the rows of a query")
+
     rows: Optional[List["Env"]] = None
+    masses: tuple = ()
 
 
 def _type_ok(kind: str, value) -> bool:
@@ -251,6 +272,8 @@ def _call(node: A.Call, env: Env):
     if name in AGGREGATES:
         if env.rows is None:
             raise PlanError(f"{name}() is an aggregate: it is allowed in SELECT only", node.span)
+        if name == "probability":
+            return stats.probability([r.measured() for r in env.rows], env.masses)
         return _aggregate(node, env.rows)
     if name == "group":
         key = evaluate(node.args[0], env)
@@ -316,6 +339,11 @@ def check_calls(node: A.Node, source: str, allow_aggregates: bool, allow_rows: b
             if not allow_aggregates:
                 raise PlanError(f"{n.name}() is an aggregate: it is allowed in SELECT only", n.span, source)
             star = nargs == 1 and isinstance(n.args[0], A.Star)
+            if n.name in NULLARY_AGGREGATES:
+                if nargs:
+                    raise PlanError(f"{n.name}() takes no arguments: it measures each group's strings", n.span,
+                                    source)
+                continue
             if nargs != 1 or (star and n.name != "count"):
                 raise PlanError(f"{n.name}() takes one argument" + (", or * for count(*)" if n.name == "count"
                                                                      else ""), n.span, source)

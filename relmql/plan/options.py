@@ -113,6 +113,13 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
                "SAMPLE draws: local (renormalized over the language, with importance weights) or exact "
                "(rejection: the model's distribution conditioned on the language)", ("local", "exact")),
     OptionSpec("seed", "int", 0, "traversal", "random seed of SAMPLE", low=0),
+    OptionSpec("exact_limit", "int", 10_000, "traversal",
+               "probability(): sum exactly over languages of at most this many token sequences; estimate "
+               "larger ones by sampling", low=0),
+    OptionSpec("estimate_samples", "int", 1000, "traversal",
+               "probability(): the draws behind an estimate (SAMPLE n sets them and always estimates)", low=1),
+    OptionSpec("confidence", "float", 0.95, "traversal", "the confidence level of intervals and estimates",
+               low=0, high=1, low_open=True),
     OptionSpec("device", "text", "cpu", "model", "where the model runs: cpu, cuda, cuda:N or auto"),
     OptionSpec("dtype", "choice", "auto", "model", "model weights: auto, float32, bfloat16 or float16",
                ("auto", "float32", "bfloat16", "float16"), session_only=True),

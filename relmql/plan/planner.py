@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from ..automata import CompileOptions
 from ..errors import Error, closest
-from ..execute import COLUMNS, Decoding, Sample, ShortestPath
+from ..execute import COLUMNS, COMPUTED_COLUMNS, Decoding, Measure, Sample, ShortestPath
 from ..syntax import ast as A
 from ..syntax import string_literal_at, unparse
 from .expr import AGGREGATES, Env, check_calls, escape, evaluate, is_aggregate
@@ -201,7 +201,25 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
     outputs, aggregate, group_by = _select(query, source, groups)
     where, exclude = _where(query, source, params, groups, opts)
     push = limit if where is None else None  # the traversal may stop at LIMIT only when no row is filtered out
-    if query.sample is not None:
+    measured = next((n for o in outputs for n in o.expr.walk() if isinstance(n, A.Call) and n.name == "probability"),
+                    None)
+    if measured is not None:
+        if query.order:
+            raise PlanError("probability() measures the whole language; it cannot be combined with ORDER BY",
+                            query.order[0].span, source, hint="leave out ORDER BY, or use sum(prob) over ranked rows")
+        if limit is not None:
+            raise PlanError("probability() measures the whole language; LIMIT would cut it short",
+                            query.limit.span, source)
+        sampled = query.sample is not None
+        traversal = Measure(exact_limit=0 if sampled else opts["exact_limit"],
+                            samples=_count(query.sample, params, source, "SAMPLE") if sampled
+                            else opts["estimate_samples"],
+                            seed=opts["seed"], mode=opts["sampling"], max_tokens=opts["max_tokens"],
+                            batch_size=opts["batch_size"] or 32, max_prefix_tokens=opts["max_prefix_tokens"],
+                            confidence=opts["confidence"])
+        if traversal.samples < 1:
+            raise PlanError("an estimate needs at least one sample", query.sample.span, source)
+    elif query.sample is not None:
         n = _count(query.sample, params, source, "SAMPLE")
         if push is not None:
             n = min(n, push)
@@ -275,7 +293,7 @@ def _check_columns(node: A.Node, source: str, known, extra=()) -> None:
 
 
 def _select(query: A.Query, source: str, groups) -> Tuple[Tuple[Output, ...], bool, Tuple[A.Node, ...]]:
-    known = tuple(COLUMNS) + tuple(groups)
+    known = tuple(COLUMNS) + COMPUTED_COLUMNS + tuple(groups)
     items: List[Output] = []
     for item in query.select:
         if isinstance(item.expr, A.Star):
@@ -328,7 +346,7 @@ def _where(query: A.Query, source: str, params, groups, opts) -> Tuple[Optional[
     if query.where is None:
         return None, []
     check_calls(query.where, source, allow_aggregates=False, allow_rows=True)
-    _check_columns(query.where, source, tuple(COLUMNS) + tuple(groups))
+    _check_columns(query.where, source, tuple(COLUMNS) + COMPUTED_COLUMNS + tuple(groups))
     exclude, rest = [], []
     for c in _conjuncts(query.where):
         regex = _exclusion(c, params, source)

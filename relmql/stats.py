@@ -1,0 +1,239 @@
+"""Statistics for validation studies: exact or estimated probabilities with intervals, Wilson
+intervals for sampled proportions, and the χ² test of independence (scipy.stats).
+
+    from relmql.stats import wilson, chi2_independence
+    wilson(37, 100)                                   # (0.2817..., 0.4676...)
+    chi2_independence(rows, "gender", "field", weight="n").p_value
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+DEFAULT_CONFIDENCE = 0.95
+
+
+def _z(confidence: float) -> float:
+    from scipy.stats import norm
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be between 0 and 1, not {confidence!r}")
+    return float(norm.ppf(0.5 + confidence / 2))
+
+
+class Estimate(float):
+    """A probability with its interval: a float (the point value) that also carries ``low``,
+    ``high``, ``exact`` (summed over the language, not sampled), ``draws`` (samples behind an
+    estimate), ``confidence`` and ``method``. Exact values have ``low == high == value``."""
+
+    low: float
+    high: float
+    exact: bool
+    draws: int
+    confidence: float
+    method: str
+
+    def __new__(cls, value: float, low: Optional[float] = None, high: Optional[float] = None, exact: bool = True,
+                draws: int = 0, confidence: float = DEFAULT_CONFIDENCE, method: str = "exact"):
+        self = super().__new__(cls, value)
+        self.low = float(value if low is None else low)
+        self.high = float(value if high is None else high)
+        self.exact, self.draws, self.confidence, self.method = exact, int(draws), float(confidence), method
+        return self
+
+    def __repr__(self) -> str:
+        if self.exact:
+            return f"{float(self):.6g}"
+        return f"{float(self):.4g} [{self.low:.4g}, {self.high:.4g}]"
+
+    def __reduce__(self):
+        return (Estimate, (float(self), self.low, self.high, self.exact, self.draws, self.confidence, self.method))
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The value and its interval, for JSON."""
+        return {"value": float(self), "low": self.low, "high": self.high, "exact": self.exact, "draws": self.draws,
+                "confidence": self.confidence, "method": self.method}
+
+
+def wilson(k: float, n: float, confidence: float = DEFAULT_CONFIDENCE) -> Tuple[float, float]:
+    """The Wilson score interval of a proportion: ``k`` successes in ``n`` trials."""
+    if n <= 0:
+        raise ValueError(f"a proportion needs at least one trial, not n = {n!r}")
+    if not 0 <= k <= n:
+        raise ValueError(f"successes must be between 0 and n = {n!r}, not {k!r}")
+    z = _z(confidence)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def estimate_mean(hits: Sequence[float], draws: int, scale: float = 1.0, bounded: Optional[float] = None,
+                  confidence: float = DEFAULT_CONFIDENCE, binary: bool = False) -> Estimate:
+    """The mean of ``draws`` independent draws, of which the nonzero ones are ``hits`` (the rest
+    are zero), times ``scale``, with its interval: Wilson's when every hit is 1 (``binary``),
+    otherwise the normal approximation with the sample variance, clipped to [0, ``bounded``]."""
+    if draws <= 0:
+        raise ValueError("an estimate needs at least one draw")
+    hits = np.asarray(hits, np.float64)
+    if binary:
+        lo, hi = wilson(len(hits), draws, confidence)
+        value = len(hits) / draws
+        return Estimate(scale * value, scale * lo, scale * hi, exact=False, draws=draws, confidence=confidence,
+                        method="wilson")
+    mean = float(hits.sum()) / draws
+    if draws > 1:
+        var = (float(np.square(hits).sum()) - draws * mean * mean) / (draws - 1)
+        half = _z(confidence) * math.sqrt(max(var, 0.0) / draws)
+    else:
+        half = math.inf
+    lo, hi = mean - half, mean + half
+    lo = max(lo, 0.0)
+    if bounded is not None:
+        hi = min(hi, bounded)
+    return Estimate(scale * mean, scale * lo, scale * hi, exact=False, draws=draws, confidence=confidence,
+                    method="normal")
+
+
+def probability(hits: Sequence[Tuple[Any, float, float]], masses: Sequence[Any] = ()) -> Estimate:
+    """The probability of a group of strings from its rows: ``hits`` are (mass, prob, weight)
+    of each row, where ``mass`` (an ``execute.measure.Mass``) tells how its rows were found;
+    ``masses`` adds measurements in which the group has no row. Exact measurements add their
+    rows' probabilities; sampled ones estimate theirs from all their draws. Parts from several
+    measurements (a dataset's rows) add up, their interval half-widths in quadrature."""
+    groups: Dict[int, Tuple[Any, List[Tuple[float, float]]]] = {}
+    for mass, prob, weight in hits:
+        found = groups.setdefault(id(mass), (mass, []))[1]
+        if prob is not None:  # None: a dataset row whose query found nothing
+            found.append((prob, weight))
+    for mass in masses:
+        groups.setdefault(id(mass), (mass, []))
+    parts = []
+    for mass, rows in groups.values():
+        if mass.exact:
+            parts.append(Estimate(math.fsum(p for p, _ in rows), confidence=mass.confidence))
+        else:
+            parts.append(estimate_mean([w for _, w in rows], mass.draws, mass.scale, 1.0, mass.confidence,
+                                       mass.binary))
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        return Estimate(0.0)
+    value = math.fsum(parts)
+    if all(p.exact for p in parts):
+        return Estimate(value, confidence=parts[0].confidence)
+    down = math.sqrt(math.fsum((p - p.low) ** 2 for p in parts))
+    up = math.sqrt(math.fsum((p.high - p) ** 2 for p in parts))
+    return Estimate(value, max(0.0, value - down), value + up, exact=False, draws=sum(p.draws for p in parts),
+                    confidence=parts[0].confidence, method="normal")
+
+
+def ci_bound(x, which: str):
+    """``low`` or ``high`` end of an ``Estimate``'s interval (a plain number is its own)."""
+    return getattr(x, which, x)
+
+
+@dataclass(frozen=True)
+class Chi2Result:
+    """A χ² test of independence of two variables over a contingency table.
+
+    ``table`` holds the counts (rows: values of ``a``, columns: values of ``b``), ``n`` their
+    total. ``scaled``: the cells were probabilities, turned into counts of ``n_per_row`` draws
+    per value of ``a``. ``cramers_v``: the strength of the association (0 to 1), which unlike the
+    p-value does not grow with the sample size."""
+
+    a: str
+    b: str
+    statistic: float
+    dof: int
+    p_value: float
+    n: float
+    cramers_v: float
+    a_values: Tuple[Any, ...]
+    b_values: Tuple[Any, ...]
+    table: Tuple[Tuple[float, ...], ...]
+    scaled: bool = False
+    n_per_row: Optional[float] = None
+
+    def summary(self) -> str:
+        """One line: the test, its statistic, degrees of freedom and p-value."""
+        how = f"probabilities as {self.n_per_row:,g} draws per {self.a}" if self.scaled else f"n = {self.n:,g}"
+        return (f"χ² test of independence of {self.a} and {self.b}: χ² = {self.statistic:.4g}, "
+                f"dof = {self.dof}, p = {format_p(self.p_value)}, Cramér's V = {self.cramers_v:.3g} ({how})")
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"test": "chi2 independence", "a": self.a, "b": self.b, "statistic": self.statistic, "dof": self.dof,
+                "p_value": self.p_value, "n": self.n, "cramers_v": self.cramers_v}
+
+
+def format_p(p: float) -> str:
+    """A p-value as people write it; underflow below 1e-300 shows as such, not as 0."""
+    if p == 0:
+        return "< 1e-300"
+    return f"{p:.3g}"
+
+
+def _key(v):
+    return (v is None, str(type(v).__name__), v if v is not None else 0)
+
+
+def contingency(rows: Sequence[Mapping[str, Any]], a: str, b: str, weight: Optional[str] = None
+                ) -> Tuple[List[Any], List[Any], np.ndarray]:
+    """The table of ``a`` × ``b`` over ``rows`` (dicts): each row adds its ``weight`` (1 when
+    not given) to its cell. Missing cells are zero."""
+    cells: Dict[Tuple[Any, Any], float] = {}
+    for r in rows:
+        for col in (a, b) + ((weight,) if weight else ()):
+            if col not in r:
+                raise KeyError(col)
+        w = 1.0 if weight is None else r[weight]
+        if w is None:
+            continue
+        if isinstance(w, bool) or not isinstance(w, (int, float)):
+            raise ValueError(f"the weight {weight!r} must be a number, not {w!r}")
+        key = (r[a], r[b])
+        cells[key] = cells.get(key, 0.0) + float(w)
+    a_vals = sorted({k[0] for k in cells}, key=_key)
+    b_vals = sorted({k[1] for k in cells}, key=_key)
+    table = np.zeros((len(a_vals), len(b_vals)))
+    for (x, y), w in cells.items():
+        table[a_vals.index(x), b_vals.index(y)] += w
+    return a_vals, b_vals, table
+
+
+def chi2_independence(rows: Sequence[Mapping[str, Any]], a: str, b: str, weight: Optional[str] = None,
+                      n_per_row: Optional[float] = None) -> Chi2Result:
+    """The χ² test of independence of columns ``a`` and ``b`` of ``rows`` (dicts).
+
+    Cells hold counts of rows, or the sums of ``weight``. Counts are used as they are; with
+    ``n_per_row``, each value of ``a`` is rescaled to that many draws (for probabilities, which
+    carry no sample size of their own). Cells that are zero for a whole row or column are
+    dropped, as the test needs positive expected counts."""
+    from scipy.stats import chi2_contingency
+    a_vals, b_vals, table = contingency(rows, a, b, weight)
+    if (table < 0).any():
+        raise ValueError("a contingency table needs counts or probabilities of zero or more")
+    keep_r, keep_c = table.sum(axis=1) > 0, table.sum(axis=0) > 0
+    table = table[keep_r][:, keep_c]
+    a_vals = [v for v, k in zip(a_vals, keep_r) if k]
+    b_vals = [v for v, k in zip(b_vals, keep_c) if k]
+    if table.shape[0] < 2 or table.shape[1] < 2:
+        raise ValueError(f"a test of independence needs at least two values of {a} and of {b} with nonzero "
+                         f"cells; found {table.shape[0]} × {table.shape[1]}")
+    if n_per_row is not None:
+        if not n_per_row > 0:
+            raise ValueError(f"n_per_row must be positive, not {n_per_row!r}")
+        table = table / table.sum(axis=1, keepdims=True) * n_per_row
+    stat, p, dof, _ = chi2_contingency(table, correction=False)
+    n = float(table.sum())
+    v = math.sqrt(stat / (n * (min(table.shape) - 1)))
+    return Chi2Result(a, b, float(stat), int(dof), float(p), n, v, tuple(a_vals), tuple(b_vals),
+                      tuple(tuple(float(x) for x in row) for row in table), n_per_row is not None, n_per_row)
+
+
+__all__ = ["Estimate", "wilson", "estimate_mean", "probability", "ci_bound", "chi2_independence", "contingency", "Chi2Result", "format_p",
+           "DEFAULT_CONFIDENCE"]

@@ -1,0 +1,259 @@
+"""probability(): exact sums against direct transformers scoring, estimates against the exact
+values, and the statistics behind them (Wilson intervals, χ² tests) against scipy."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+from scipy import stats as sstats
+
+from relmql.automata import CompileOptions, compile
+from relmql.errors import Error
+from relmql.stats import Estimate, chi2_independence, estimate_mean, wilson
+
+from conftest import enumerate_paths
+from oracle import rules_logprobs, step_logprobs
+
+BIAS = "The (?P<gender>man|woman) was trained in (?P<field>art|science|medicine|law|computer science)"
+BIAS_PREFIX = "The (man|woman) was trained in"
+
+
+_SCORED = {}  # (model, tokens) -> one forward pass, shared by the tests' rule sets
+
+
+def oracle_probability(model, pattern, prefix, options, eos=False, **rules):
+    """Σ over the complete token paths of P(completion | prefix) under the rules, by scoring
+    each path with one plain forward pass. A path that another path extends (the same prefix
+    split) must end with the end-of-text token, as must every path with ``eos``. Returns
+    {text: probability} summed over each text's tokenizations."""
+    paths = enumerate_paths(compile(pattern, model.vocabulary, prefix, options))
+    pset = set(paths)
+    extended = {(toks[:k], n) for toks, n in pset for k in range(max(n, 1), len(toks)) if (toks[:k], n) in pset}
+    out = {}
+    for toks, n in paths:
+        key = (id(model), toks)
+        if key not in _SCORED:
+            _SCORED[key] = step_logprobs(model, toks)
+        lp = _SCORED[key]
+        cond = sum(rules_logprobs(lp[i], **rules)[toks[i]] for i in range(n, len(toks)))
+        if eos or (toks, n) in extended:
+            cond += rules_logprobs(lp[len(toks)], **rules)[model.eos_id]
+        text = model.vocabulary.decode(toks)
+        out[text] = out.get(text, 0.0) + math.exp(cond)
+    return out
+
+
+@pytest.fixture(scope="module")
+def smol_con(smol):
+    import relmql
+    session = relmql.connect(dtype="float32")
+    session._models[("smollm2-135m", "cpu", "float32")] = smol
+    return session
+
+
+def grouped(con, query):
+    return {tuple(r[:-1]): r[-1] for r in con.sql(query).fetchall()}
+
+
+# -- exact sums
+
+@pytest.mark.parametrize("using,rules", [("", {}), ("USING topk 40", {"topk": 40}),
+                                         ("USING temperature 0.8, topp 0.9", {"temperature": 0.8, "topp": 0.9})])
+def test_bias_template_exactly_on_smollm2(smol_con, smol, using, rules):
+    """P(field | gender), exactly: the sum over each group's strings, as transformers scores them."""
+    got = grouped(smol_con, f"SELECT gender, field, probability() MATCHING '{BIAS}' PREFIX '{BIAS_PREFIX}' "
+                            f"{using} GROUP BY gender, field")
+    want = {}
+    for text, p in oracle_probability(smol, BIAS, BIAS_PREFIX, CompileOptions(), **rules).items():
+        m = re.fullmatch(BIAS, text)
+        want[(m["gender"], m["field"])] = want.get((m["gender"], m["field"]), 0.0) + p
+    want = {k: v for k, v in want.items() if v > 0}  # what the rules rule out has no row
+    assert set(got) == set(want)
+    for k, v in want.items():
+        assert got[k].exact and got[k] == pytest.approx(v, rel=2e-3), k
+    # the conditional distribution per gender is a part of 1
+    for g in ("man", "woman"):
+        assert 0 < sum(v for k, v in got.items() if k[0] == g) < 1
+
+
+def test_all_tokenizations_and_strings_that_go_on(con, tiny):
+    """Every tokenization counts, and a string that another extends ends with end-of-text."""
+    pattern, prefix = "A (cat|cat sat|dog)", "A"
+    options = CompileOptions(tokenization="all")
+    want = oracle_probability(tiny, pattern, prefix, options)
+    got = grouped(con, f"SELECT text, probability() MATCHING '{pattern}' PREFIX '{prefix}' "
+                            "USING tokenization all GROUP BY text")
+    assert {k for k, in got} == set(want) == {"A cat", "A cat sat", "A dog"}
+    for k in want:
+        assert got[(k,)] == pytest.approx(want[k], rel=1e-3)
+    # canonical only is a part of it
+    canon = con.sql(f"SELECT probability() MATCHING '{pattern}' PREFIX '{prefix}'").fetchone()[0]
+    assert 0 < canon < sum(want.values())
+
+
+def test_eos_and_no_prefix_and_count(con, tiny):
+    pattern = "It is (red|blue)"
+    want = oracle_probability(tiny, pattern, None, CompileOptions(), eos=True)
+    p, n = con.sql(f"SELECT probability(), count(*) MATCHING '{pattern}' USING eos").fetchone()
+    assert p.exact and p == pytest.approx(sum(want.values()), rel=1e-3) and n == 2
+
+
+def test_regex_prefix_sums_over_prefixes(con, tiny):
+    """Without grouping, the total is Σ over prefix paths of P(language after it | it)."""
+    pattern, prefix = "The (man|woman) (ran|sat)", "The (man|woman)"
+    want = oracle_probability(tiny, pattern, prefix, CompileOptions())
+    got = con.sql(f"SELECT probability() MATCHING '{pattern}' PREFIX '{prefix}'").fetchone()[0]
+    assert got == pytest.approx(sum(want.values()), rel=1e-3)
+
+
+def test_where_filters_what_is_measured(con):
+    q = "SELECT probability() MATCHING 'The (man|woman) (ran|sat)' PREFIX 'The (man|woman)'"
+    whole = con.sql(q).fetchone()[0]
+    parts = grouped(con, q.replace("SELECT", "SELECT group(2),") + " GROUP BY 1")
+    ran = con.sql(q + " WHERE text MATCHES '.*ran'").fetchone()[0]
+    assert ran == pytest.approx(parts[("ran",)]) and whole == pytest.approx(sum(parts.values()))
+
+
+# -- estimates
+
+def test_estimates_say_so_and_cover_the_exact_value(con):
+    base = "SELECT probability() MATCHING 'The cat (sat|sat down|ran)' PREFIX 'The cat'"
+    exact = con.sql(base).fetchone()[0]
+    assert exact.exact and exact.low == exact.high == exact
+    # too large to sum (exact_limit 0): estimated from estimate_samples draws
+    est = con.sql(base + " USING exact_limit 0, estimate_samples 300").fetchone()[0]
+    assert not est.exact and est.draws == 300 and est.method == "normal" and est.low < est < est.high
+    assert est.low <= exact <= est.high
+
+
+def test_interval_coverage_over_seeds(con):
+    """The 95% intervals of the importance-weighted estimate cover the exact value at about that
+    rate over 40 seeds (a rate below 33/40 would have probability 0.3% at 95%)."""
+    base = "SELECT probability() MATCHING 'The cat (sat|sat down|ran)' PREFIX 'The cat'"
+    exact = con.sql(base).fetchone()[0]
+    ests = [con.sql(base + f" USING seed {s} SAMPLE 1000").fetchone()[0] for s in range(40)]
+    covered = sum(e.low <= exact <= e.high for e in ests)
+    assert covered >= 33, covered
+    assert np.mean(ests) == pytest.approx(exact, rel=0.05)  # unbiased: the mean of 40 is close
+
+
+def test_rejection_estimates_are_binomial_with_wilson_intervals(con):
+    base = "SELECT probability() MATCHING '[a-z]{1,2}'"
+    exact = con.sql(base).fetchone()[0]
+    ests = [con.sql(base + f" USING sampling exact, seed {s} SAMPLE 400").fetchone()[0] for s in range(25)]
+    for e in ests:
+        assert e.method == "wilson" and e.draws == 400
+        k = round(e * 400)
+        assert (e.low, e.high) == pytest.approx(wilson(k, 400))
+    assert sum(e.low <= exact <= e.high for e in ests) >= 21
+
+
+def test_an_infinite_language_is_estimated(con):
+    p = con.sql("SELECT probability() MATCHING 'The (cat|dog)+' PREFIX 'The' USING max_tokens 8, "
+                     "estimate_samples 50").fetchone()[0]
+    assert not p.exact and p.draws == 50 and 0 <= p.low <= p <= p.high <= 1
+
+
+def test_groups_of_an_estimate_share_its_draws(con):
+    q = ("SELECT group(1), probability(), count(*) MATCHING 'The cat (sat|ran)' PREFIX 'The cat' "
+         "USING seed 3 SAMPLE 500 GROUP BY 1")
+    rows = con.sql(q).fetchall()
+    assert sum(n for *_, n in rows) == 500  # every draw of this language lands in it (no dead ends)
+    total = con.sql("SELECT probability() MATCHING 'The cat (sat|ran)' PREFIX 'The cat' "
+                         "USING seed 3 SAMPLE 500").fetchone()[0]
+    assert sum(p for _, p, _ in rows) == pytest.approx(total)
+
+
+# -- the language around it
+
+@pytest.mark.parametrize("query,words", [
+    ("SELECT probability() MATCHING 'a(b|c)' ORDER BY prob DESC", "cannot be combined with ORDER BY"),
+    ("SELECT probability() MATCHING 'a(b|c)' LIMIT 3", "LIMIT would cut it short"),
+    ("SELECT probability(text) MATCHING 'a(b|c)'", "takes no arguments"),
+    ("SELECT text, probability() MATCHING 'a(b|c)'", "GROUP BY"),
+    ("SELECT probability() MATCHING 'a(b|c)' SAMPLE 0", "at least one sample"),
+    ("SELECT text MATCHING 'a(b|c)' WHERE probability() > 0", "aggregate"),
+    ("SELECT wilson_low(5, 3) MATCHING 'a(b|c)' LIMIT 1", "successes"),
+])
+def test_bad_uses_are_clear_errors(con, query, words):
+    with pytest.raises(Error) as e:
+        con.sql(query).fetchall()
+    assert words in e.value.render()
+
+
+def test_interval_functions(con):
+    row = con.sql("SELECT probability() AS p, ci_low(probability()), ci_high(probability()), count(*), "
+                  "wilson_low(count(*), 100), wilson_high(3, 10, 0.9) MATCHING 'The cat (sat|sat down|ran)' "
+                  "PREFIX 'The cat' USING exact_limit 0, estimate_samples 100").fetchone()
+    p, lo, hi, n, wl, wh = row
+    assert (lo, hi) == (p.low, p.high) and lo < p < hi
+    assert wl == pytest.approx(wilson(n, 100)[0]) and wh == pytest.approx(wilson(3, 10, 0.9)[1])
+
+
+def test_edit_position_is_where_the_text_leaves_the_language(con):
+    rows = con.sql("SELECT text, edits, edit_position MATCHING 'The cat sat' PREFIX 'The' "
+                        "USING edits 1, edit_scope completion, max_nodes 300 LIMIT 40").fetchall()
+    assert any(e for _, e, _ in rows)
+    for text, edits, pos in rows:
+        if not edits:
+            assert pos is None
+            continue
+        target = "The cat sat"
+        assert text[:pos] == target[:pos] and (pos == len(text) or pos == len(target) or
+                                               text[pos] != target[pos])
+
+
+# -- the statistics, against scipy and textbook values
+
+@pytest.mark.parametrize("k,n,conf", [(0, 10, 0.95), (37, 100, 0.95), (5, 7, 0.9), (999, 1000, 0.99)])
+def test_wilson_bounds_are_the_roots_of_the_score_equation(k, n, conf):
+    """Wilson's interval is where the score test just rejects: (k/n - p)² = z² p (1 - p) / n."""
+    from scipy.optimize import brentq
+    z = sstats.norm.ppf(0.5 + conf / 2)
+    f = lambda p: (k / n - p) ** 2 - z * z * p * (1 - p) / n  # noqa: E731
+    lo = 0.0 if k == 0 else brentq(f, 1e-12, k / n)
+    hi = 1.0 if k == n else brentq(f, k / n + 1e-12, 1 - 1e-12)
+    assert wilson(k, n, conf) == pytest.approx((lo, hi), abs=1e-9)
+
+
+def test_wilson_widens_with_confidence():
+    assert wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)  # the classic 0-of-10 value
+    lo, hi = wilson(50, 100, 0.99)
+    assert lo < 0.5 < hi and hi - lo > wilson(50, 100)[1] - wilson(50, 100)[0]
+    with pytest.raises(ValueError):
+        wilson(3, 0)
+
+
+def test_estimate_mean_is_the_mean_with_a_normal_interval():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 0.2, 80)
+    e = estimate_mean(x, 100, scale=2.0, bounded=1.0)
+    full = np.concatenate([x, np.zeros(20)])
+    assert e == pytest.approx(2 * full.mean())
+    half = sstats.norm.ppf(0.975) * full.std(ddof=1) / math.sqrt(100)
+    assert (e.low, e.high) == pytest.approx((2 * (full.mean() - half), 2 * (full.mean() + half)))
+    assert isinstance(e, float) and isinstance(e, Estimate) and not e.exact
+
+
+def test_chi2_matches_scipy_on_counts_and_on_probabilities():
+    rows = [{"g": g, "f": f, "n": n} for g, f, n in
+            [("man", "art", 10), ("man", "law", 30), ("man", "math", 60),
+             ("woman", "art", 40), ("woman", "law", 30), ("woman", "math", 30)]]
+    t = chi2_independence(rows, "g", "f", weight="n")
+    stat, p, dof, _ = sstats.chi2_contingency([[10, 30, 60], [40, 30, 30]], correction=False)
+    assert (t.statistic, t.p_value, t.dof) == pytest.approx((stat, p, dof)) and t.n == 200
+    assert t.a_values == ("man", "woman") and t.b_values == ("art", "law", "math")
+    # unweighted: one count per row
+    t1 = chi2_independence(rows, "g", "f")
+    assert t1.dof == 2 and t1.statistic == pytest.approx(0.0)
+    # probabilities (rows need not sum to 1) as 5000 draws per gender
+    probs = [dict(r, n=r["n"] / 1000) for r in rows]
+    t2 = chi2_independence(probs, "g", "f", weight="n", n_per_row=5000)
+    stat2, p2, _, _ = sstats.chi2_contingency(np.array([[10, 30, 60], [40, 30, 30]]) * 50, correction=False)
+    assert t2.statistic == pytest.approx(stat2) and t2.p_value == pytest.approx(p2) and t2.scaled
+    assert "χ²" in t2.summary() and "5,000 draws per g" in t2.summary()
+    with pytest.raises(ValueError):
+        chi2_independence(rows[:3], "g", "f", weight="n")  # one gender: nothing to compare
