@@ -19,6 +19,8 @@ from .output import render_table
 from .output.format import format_value
 from .plan import (OPTIONS, DatasetPlan, ModelRef, PlanError, QueryPlan, constant, defaults, option, plan, plan_row,
                    selected_rows)
+from .plan.planner import TestPlan
+from .stats import Chi2Result, chi2_independence
 from .plan.explain import explain as explain_plan
 from .syntax import ast as A
 from .syntax import parse
@@ -37,7 +39,7 @@ class Result:
 
     def __init__(self, columns: Sequence[str], rows: Callable[["Result"], Iterator[tuple]], kind: str = "rows",
                  explain: Optional[Callable[[], str]] = None, message: Optional[str] = None,
-                 kinds: Optional[Sequence[str]] = None):
+                 kinds: Optional[Sequence[str]] = None, test: Optional[TestPlan] = None):
         self.columns = tuple(columns)
         self.kind = kind  # rows, text (EXPLAIN) or status (SET)
         self.message = message
@@ -51,6 +53,7 @@ class Result:
         self.cancelled = threading.Event()
         self.times: List[float] = []  # seconds from the first read to each row's arrival
         self._t0: Optional[float] = None
+        self.test_plan = test
 
     # -- reading
     def _next(self) -> Optional[tuple]:
@@ -136,12 +139,38 @@ class Result:
             return
         rows, more = self._head(max_rows)
         print(render_table(self.columns, rows, more=more), file=file)
+        if self.test_plan is not None:
+            print(self.test.summary(), file=file)
 
     def explain(self) -> str:
         """The plan of this statement."""
         if self._explain is None:
             raise Error("only queries have a plan")
         return self._explain()
+
+    def chi2(self, a: str, b: str, weight: Optional[str] = None, n_per_row: Optional[float] = None) -> Chi2Result:
+        """The χ² test of independence of columns ``a`` and ``b`` over all rows, each adding its
+        ``weight`` column (or 1) to its cell; ``n_per_row``: treat the cells as probabilities
+        standing for that many draws per value of ``a`` (see ``relmql.stats.chi2_independence``)."""
+        for c in (a, b) + ((weight,) if weight else ()):
+            if c not in self.columns:
+                near = closest(c, self.columns)
+                raise Error(f"no column {c!r} in this result" + (f"; did you mean {near}?" if near else ""),
+                            hint=f"columns: {', '.join(self.columns)}")
+        try:
+            return chi2_independence(self.to_dicts(), a, b, weight, n_per_row)
+        except ValueError as e:
+            raise Error(f"cannot test independence: {e}") from None
+
+    @property
+    def test(self) -> Optional[Chi2Result]:
+        """The result of the statement's TEST clause (all rows are read for it), or None."""
+        t = self.test_plan
+        if t is None:
+            return None
+        if not hasattr(self, "_test"):
+            self._test = self.chi2(t.a, t.b, t.weight, t.n_per_row)
+        return self._test
 
     def plot(self, path: str, kind: Optional[str] = None, log: bool = False, title: Optional[str] = None) -> str:
         """Draw the rows (all of them, read now if need be) into ``path`` (.png, .svg or .pdf):
@@ -186,7 +215,8 @@ def _kinds(outputs) -> List[str]:
             kinds.append("number")
         elif isinstance(e, A.Column) and e.name == "canonical":
             kinds.append("bool")
-        elif isinstance(e, A.Call) and e.name in ("count", "sum", "avg", "exp", "ln", "round", "length"):
+        elif isinstance(e, A.Call) and e.name in ("count", "sum", "avg", "exp", "ln", "round", "length", "probability",
+                                                  "ci_low", "ci_high", "wilson_low", "wilson_high"):
             kinds.append("number")
         else:
             kinds.append("text")
@@ -272,7 +302,7 @@ class Connection:
             finally:
                 bar.close()
 
-        return Result(p.columns, rows, explain=lambda: self._explain(p), kinds=_kinds(p.outputs))
+        return Result(p.columns, rows, explain=lambda: self._explain(p), kinds=_kinds(p.outputs), test=p.test)
 
     def _explain(self, p) -> str:
         from .engine import compile_plan, load
@@ -321,18 +351,23 @@ class Connection:
 
 
 class _Progress:
-    """A tqdm bar on stderr once the total is known, shown only after a second and only on a terminal."""
+    """A tqdm bar on stderr, only on a terminal and only once a query has run for a second: rows
+    and their rate, and the estimated time left when the total is known (SAMPLE n, datasets,
+    probability())."""
 
     DELAY = 1.0
+    MININTERVAL = 0.1  # seconds between redraws
 
     def __init__(self, enabled: bool):
-        self.enabled = enabled and sys.stderr.isatty()
         self.bar = None
-
-    def total(self, n: int) -> None:
-        if self.enabled and self.bar is None:
+        if enabled and sys.stderr.isatty():
             from tqdm import tqdm
-            self.bar = tqdm(total=n, file=sys.stderr, delay=self.DELAY, leave=False, unit="row", dynamic_ncols=True)
+            self.bar = tqdm(file=sys.stderr, delay=self.DELAY, mininterval=self.MININTERVAL, leave=False, unit="row",
+                            dynamic_ncols=True)
+
+    def total(self, n: int, unit: str = "row") -> None:
+        if self.bar is not None:
+            self.bar.total, self.bar.unit = n, unit
 
     def update(self, n: int) -> None:
         if self.bar is not None:

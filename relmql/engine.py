@@ -117,10 +117,11 @@ def _regex(plan: QueryPlan):
 
 def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event] = None,
                progress: Optional[Callable[[int], None]] = None, stopped: Optional[list] = None,
-               masses: Optional[list] = None) -> Iterator[RowEnv]:
+               masses: Optional[list] = None, on_total: Optional[Callable[..., None]] = None) -> Iterator[RowEnv]:
     """The result rows of one query that pass its WHERE, up to its LIMIT. A search that stops at
     ``max_nodes`` is warned about on stderr, or appended to ``stopped`` when given. A query that
-    measures its language (probability()) appends how to ``masses``."""
+    measures its language (probability()) appends how to ``masses`` and tells ``on_total`` how
+    many sequences or draws it will read (``progress`` counts them)."""
     model = load(plan, models)
     automaton = compile_plan(plan, model)
     regex = _regex(plan)
@@ -133,11 +134,15 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
         mass, rows = measure(automaton, model, plan.decoding, plan.traversal, cancel, stats)
         if masses is not None:
             masses.append(mass)
+        if on_total is not None:
+            on_total(mass.sequences, "sequence") if mass.exact else on_total(mass.draws, "draw")
     else:
         rows = execute(automaton, model, plan.traversal, plan.decoding, cancel, stats)
     for row in rows:
         if progress is not None:
             progress(1)
+        if row.miss:  # a draw of an estimate that found no string: it counts only as a draw
+            continue
         env = RowEnv(plan, row, emitted + 1, regex, mass)
         if plan.where is not None and not _truth(_eval(plan.where, env, plan.source)):
             continue
@@ -200,7 +205,7 @@ def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
     else:
         if on_total is not None and hasattr(plan.traversal, "n"):
             on_total(plan.traversal.n)
-        envs = query_rows(plan, models, cancel, progress, masses=masses)
+        envs = query_rows(plan, models, cancel, progress, masses=masses, on_total=on_total)
     outputs = plan.outputs
     if not plan.aggregate:
         for env in envs:

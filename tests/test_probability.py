@@ -257,3 +257,131 @@ def test_chi2_matches_scipy_on_counts_and_on_probabilities():
     assert "χ²" in t2.summary() and "5,000 draws per g" in t2.summary()
     with pytest.raises(ValueError):
         chi2_independence(rows[:3], "g", "f", weight="n")  # one gender: nothing to compare
+
+
+# -- TEST INDEPENDENCE
+
+GF = ("MATCHING 'The (?P<gender>man|woman) was (?P<field>good|bad|ok)' PREFIX 'The (man|woman) was'")
+
+
+def _scipy_chi2(table):
+    stat, p, dof, _ = sstats.chi2_contingency(np.asarray(table, float), correction=False)
+    return stat, p, dof
+
+
+def test_test_clause_on_sampled_counts(con):
+    r = con.sql(f"SELECT gender, field, count(*) AS n {GF} USING seed 1 SAMPLE 300 GROUP BY gender, field "
+                "TEST INDEPENDENCE OF gender, field")
+    rows = r.fetchall()
+    table = {(g, f): n for g, f, n in rows}
+    want = _scipy_chi2([[table.get((g, f), 0) for f in ("bad", "good", "ok")] for g in ("man", "woman")])
+    t = r.test
+    assert (t.statistic, t.p_value, t.dof) == pytest.approx(want) and t.n == 300 and not t.scaled
+    # ungrouped samples: each row counts once, the same table
+    raw = con.sql(f"SELECT gender, field {GF} USING seed 1 SAMPLE 300 TEST INDEPENDENCE OF gender, field").test
+    assert (raw.statistic, raw.p_value) == pytest.approx((t.statistic, t.p_value))
+    # and from Python, on any result
+    assert con.sql(f"SELECT gender, field {GF} USING seed 1 SAMPLE 300").chi2("gender", "field").statistic == \
+        pytest.approx(t.statistic)
+
+
+def test_test_clause_on_exact_probabilities(con):
+    from relmql.api import connect
+    session = connect(model="tiny-gpt2", dtype="float32", test_draws=1000)
+    session._models = dict(con._models)
+    r = session.sql(f"SELECT gender, field, probability() AS p {GF} GROUP BY gender, field "
+                    "TEST INDEPENDENCE OF gender, field")
+    p = {(g, f): v for g, f, v in r.fetchall()}
+    table = np.array([[p[(g, f)] for f in ("bad", "good", "ok")] for g in ("man", "woman")])
+    want = _scipy_chi2(table / table.sum(axis=1, keepdims=True) * 1000)
+    assert (r.test.statistic, r.test.p_value) == pytest.approx(want[:2]) and r.test.n_per_row == 1000
+    assert "1,000 draws per gender" in r.test.summary()
+
+
+@pytest.mark.parametrize("query,words", [
+    (f"SELECT gender, field, count(*) {GF} SAMPLE 5 GROUP BY 1, 2 TEST INDEPENDANCE OF gender, field",
+     "did you mean TEST INDEPENDENCE"),
+    (f"SELECT gender, count(*) {GF} SAMPLE 5 GROUP BY 1 TEST INDEPENDENCE OF gender, field", "not one"),
+    (f"SELECT gender, field, count(*) {GF} SAMPLE 5 GROUP BY 1, 2 TEST INDEPENDENCE OF gender, gender",
+     "two different"),
+    (f"SELECT gender, field {GF} SAMPLE 5 GROUP BY 1, 2 TEST INDEPENDENCE OF gender, field", "weigh the cells"),
+    (f"SELECT gender, field {GF} SAMPLE 1 TEST INDEPENDENCE OF gender, field", "cannot test independence"),
+])
+def test_test_clause_errors(con, query, words):
+    with pytest.raises(Error) as e:
+        con.sql(query).test
+    assert words in e.value.render()
+
+
+def test_test_clause_round_trips_and_explains(con):
+    from relmql.syntax import parse, unparse
+    text = f"SELECT gender, field, count(*) AS n {GF} SAMPLE 10 GROUP BY 1, 2 TEST independence OF gender, field"
+    q = parse(text)[0]
+    assert q.test.kind == "independence" and parse(unparse(q))[0] == q
+    plan = "\n".join(line for line, in con.sql("EXPLAIN SELECT probability() " + GF))
+    assert "exact: 6 token sequences" in plan
+
+
+# -- faces: tables, machine formats, the command line, progress
+
+def test_estimates_in_tables_and_machine_formats(con, capsys):
+    from relmql.cli import main
+    q = ("SELECT group(1) AS verb, probability() AS p, ci_low(probability()) AS lo MATCHING "
+         "'The cat (sat|sat down|ran)' PREFIX 'The cat' USING exact_limit 0, estimate_samples 200 GROUP BY verb;")
+    assert main(["--model", "tiny-gpt2", "--dtype", "float32", "--no-progress", "--format", "table", "-c", q]) == 0
+    out = capsys.readouterr().out
+    assert "probability() estimated from 200 draws; in brackets: 95% intervals" in out
+    assert re.search(r"│ ran +│ [0-9.e-]+ \[[0-9.e-]+, [0-9.e-]+\] │", out)
+    assert main(["--model", "tiny-gpt2", "--dtype", "float32", "--no-progress", "--format", "csv", "-c", q]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "verb,p,lo" and all(len(line.split(",")) == 3 for line in lines[1:])
+    for line in lines[1:]:
+        _, p, lo = line.split(",")
+        assert float(lo) <= float(p)
+
+
+def test_test_summary_goes_beside_the_rows(con, capsys):
+    import json
+    from relmql.cli import main
+    q = f"SELECT gender, field, count(*) AS n {GF} SAMPLE 100 GROUP BY 1, 2 TEST INDEPENDENCE OF gender, field;"
+    assert main(["--model", "tiny-gpt2", "--dtype", "float32", "--no-progress", "--format", "jsonl", "-c", q]) == 0
+    got = capsys.readouterr()
+    assert [json.loads(line) for line in got.out.splitlines()]  # stdout stays JSON lines
+    assert "χ² test of independence of gender and field" in got.err
+    assert main(["--model", "tiny-gpt2", "--dtype", "float32", "--no-progress", "--format", "table", "-c", q]) == 0
+    assert re.search(r"\(\d rows\)\nχ² test of independence of gender and field: χ² = [0-9.]+, dof = 2, p = ",
+                     capsys.readouterr().out)
+
+
+class _Terminal:
+    def __init__(self):
+        import io
+        self.buf = io.StringIO()
+
+    def write(self, s):
+        return self.buf.write(s)
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("query,shows", [
+    ("SELECT text MATCHING 'The (cat|dog) (sat|ran)' PREFIX 'The'", r"4row \["),  # rows and their rate
+    ("SELECT probability() MATCHING 'The cat (sat|ran)' PREFIX 'The cat' USING exact_limit 0, "
+     "estimate_samples 50", r"50/50"),                                             # draws of an estimate
+    ("SELECT probability() MATCHING 'The cat (sat|ran)' PREFIX 'The cat'", r"2/2"),  # sequences, exactly
+])
+def test_progress_for_every_kind_of_query(con, monkeypatch, query, shows):
+    import sys
+    from relmql import api
+    monkeypatch.setattr(api._Progress, "DELAY", 0)
+    monkeypatch.setattr(api._Progress, "MININTERVAL", 0)
+    session = api.connect(model="tiny-gpt2", dtype="float32", progress=True)
+    session._models = dict(con._models)
+    err = _Terminal()
+    monkeypatch.setattr(sys, "stderr", err)
+    session.sql(query).fetchall()
+    assert re.search(shows, err.buf.getvalue()), err.buf.getvalue()

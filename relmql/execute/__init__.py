@@ -30,7 +30,7 @@ def execute(automaton: TokenAutomaton, model: LanguageModel, traversal: Traversa
     if isinstance(traversal, Sample):
         return sample(automaton, model, rules, traversal, cancel)
     if isinstance(traversal, Measure):
-        return measure(automaton, model, rules, traversal, cancel, stats)[1]
+        return (r for r in measure(automaton, model, rules, traversal, cancel, stats)[1] if not r.miss)
     raise ExecutionError(f"unknown traversal {traversal!r}")
 
 

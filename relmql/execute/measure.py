@@ -55,7 +55,8 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
             cancel: Optional[threading.Event] = None, stats: Optional[SearchStats] = None
             ) -> Tuple[Mass, Iterator[Row]]:
     """How the language will be measured, and its rows: every token sequence with nonzero
-    probability (exact) or the sampled hits (estimate)."""
+    probability (exact), or one row per draw (estimate; draws that found no string of the
+    language have ``miss`` set)."""
     opts = opts.check()
     n = token_sequences(automaton, opts)
     if n is not None:
@@ -63,5 +64,4 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
                 shortest_path(automaton, model, rules, opts.exact(), cancel, stats))
     prefixes = automaton.count_paths(automaton.start, opts.max_prefix_tokens, prefix_only=True)
     mass = Mass(False, opts.samples, float(prefixes), opts.mode == "exact", opts.confidence)
-    rows = (r for r in sample(automaton, model, rules, opts.estimate(), cancel) if not r.miss)
-    return mass, rows
+    return mass, sample(automaton, model, rules, opts.estimate(), cancel)

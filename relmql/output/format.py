@@ -18,6 +18,8 @@ def format_value(v, width: Optional[int] = None) -> str:
         text = "NULL"
     elif isinstance(v, bool):
         text = "true" if v else "false"
+    elif isinstance(v, float) and getattr(v, "exact", True) is False:  # an estimate, with its interval
+        text = f"{v:.4g} [{v.low:.3g}, {v.high:.3g}]"
     elif isinstance(v, float):
         text = f"{v:.6g}"
     elif isinstance(v, (list, tuple)):
@@ -27,6 +29,21 @@ def format_value(v, width: Optional[int] = None) -> str:
     if width is not None and len(text) > width:
         text = text[:max(0, width - 1)] + "…"
     return text
+
+
+def estimate_note(rows: Iterable[tuple]) -> Optional[str]:
+    """What a table of these rows should say about estimated values, if it holds any."""
+    for r in rows:
+        for v in r:
+            if getattr(v, "exact", True) is False:
+                return (f"probability() estimated from {v.draws:,} draws; in brackets: {v.confidence:.0%} "
+                        f"intervals ({'Wilson' if v.method == 'wilson' else 'normal approximation'})")
+    return None
+
+
+def _plain(v):
+    """An estimate as its value, for machine formats (ci_low()/ci_high() give the interval)."""
+    return float(v) if isinstance(v, float) else v
 
 
 def _numeric(v) -> bool:
@@ -69,6 +86,9 @@ def render_table(columns: Sequence[str], rows: Sequence[tuple], max_rows: Option
         out.append(f"({len(shown)} of {n}{'+' if more else ''} rows shown)")
     else:
         out.append(f"({n} row{'s' if n != 1 else ''})")
+    note = estimate_note(shown)
+    if note:
+        out[-1] = out[-1][:-1] + f"; {note})"
     return "\n".join(out)
 
 
@@ -90,6 +110,7 @@ class StreamingTable:
         self.widths = widths
         self.numeric = [k in ("number", "rank") for k in kinds]
         self._head = False
+        self.note: Optional[str] = None
 
     def _write(self, text):
         self.out.write(text + "\n")
@@ -99,6 +120,7 @@ class StreamingTable:
         if not self._head:
             self.header()
         self.count += 1
+        self.note = self.note or estimate_note([values])
         self._write(_cells([format_value(v, w) for v, w in zip(values, self.widths)], self.widths, self.numeric))
 
     def header(self):
@@ -112,7 +134,7 @@ class StreamingTable:
         if not self._head:
             self.header()
         self._write(_line(self.widths, "└", "┴", "┘"))
-        self._write(f"({self.count} row{'s' if self.count != 1 else ''})")
+        self._write(f"({self.count} row{'s' if self.count != 1 else ''}" + (f"; {self.note})" if self.note else ")"))
 
 
 def _jsonable(v):
@@ -140,6 +162,7 @@ def write(columns: Sequence[str], rows: Iterable[tuple], fmt: str, out: IO[str],
         buffered: List[tuple] = list(rows)
         out.write(render_table(columns, buffered) + "\n")
         return len(buffered)
+    rows = (tuple(_plain(v) for v in r) for r in rows)
     if fmt == "csv":
         w = csv.writer(out, lineterminator="\n")
         w.writerow(columns)

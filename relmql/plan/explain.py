@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from ..automata.fsa import format_count
-from ..execute import Sample
+from ..execute import Measure, Sample
 from ..syntax import quote, unparse
 from .planner import DatasetPlan, QueryPlan
 
@@ -33,7 +33,18 @@ def explain(plan: QueryPlan, automaton=None, model=None, dataset: Optional[Datas
         desc += f", {len(model.vocabulary):,} tokens"
     add("model", desc)
     t = plan.traversal
-    if isinstance(t, Sample):
+    if isinstance(t, Measure):
+        exact = (f"summed exactly over every token sequence when there are at most {t.exact_limit:,}; otherwise "
+                 if t.exact_limit else "")
+        how = ("importance-weighted local draws" if t.mode == "local" else "rejection draws")
+        add("traversal", f"probability(): {exact}estimated from {t.samples:,} independent {how} (seed {t.seed}), "
+                         f"{t.confidence:.0%} intervals; at most {t.max_tokens} completion tokens")
+        if automaton is not None:
+            from ..execute.measure import token_sequences
+            n = token_sequences(automaton, t)
+            add("measure", f"exact: {n:,} token sequences" if n is not None else
+                f"estimate: more than {t.exact_limit:,} token sequences" if t.exact_limit else "estimate")
+    elif isinstance(t, Sample):
         mode = ("local: each step renormalized over the tokens the language allows; rows carry importance weights"
                 if t.mode == "local" else "exact: rejection, the model's distribution conditioned on the language")
         add("traversal", f"SAMPLE {t.n:,} with seed {t.seed}, batches of {t.batch_size}, "

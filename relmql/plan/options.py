@@ -120,6 +120,9 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
                "probability(): the draws behind an estimate (SAMPLE n sets them and always estimates)", low=1),
     OptionSpec("confidence", "float", 0.95, "traversal", "the confidence level of intervals and estimates",
                low=0, high=1, low_open=True),
+    OptionSpec("test_draws", "int", 5000, "test",
+               "TEST INDEPENDENCE over probabilities: how many draws per value of the first variable they "
+               "stand for (the ReLM paper drew 5000 per gender)", low=1),
     OptionSpec("device", "text", "cpu", "model", "where the model runs: cpu, cuda, cuda:N or auto"),
     OptionSpec("dtype", "choice", "auto", "model", "model weights: auto, float32, bfloat16 or float16",
                ("auto", "float32", "bfloat16", "float16"), session_only=True),

@@ -40,6 +40,21 @@ class Output:
 
 
 @dataclass(frozen=True)
+class TestPlan:
+    """``TEST INDEPENDENCE OF a, b``: a χ² test of independence over the output rows, ``a`` and
+    ``b`` naming output columns. Each row adds its ``weight`` column to its cell (1 when None:
+    rows are counted); probabilities stand for ``n_per_row`` draws per value of ``a``."""
+
+    a: str
+    b: str
+    weight: Optional[str] = None
+    n_per_row: Optional[int] = None
+
+
+TESTS = ("independence",)
+
+
+@dataclass(frozen=True)
 class QueryPlan:
     """Everything needed to run one query, every option typed and checked.
 
@@ -67,6 +82,7 @@ class QueryPlan:
     model_span: Optional[Tuple[int, int]] = None
     matching_offsets: Optional[Tuple[int, ...]] = field(default=None, repr=False)
     prefix_offsets: Optional[Tuple[int, ...]] = field(default=None, repr=False)
+    test: Optional[TestPlan] = None
 
     @property
     def columns(self) -> Tuple[str, ...]:
@@ -110,6 +126,7 @@ class DatasetPlan:
     group_by: Tuple[A.Node, ...]
     row_where: Optional[A.Node] = None
     row_limit: Optional[int] = None
+    test: Optional[TestPlan] = None
 
     @property
     def columns(self) -> Tuple[str, ...]:
@@ -253,7 +270,8 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
                      group_by, aggregate, limit, tuple(sorted(params.items(), key=lambda kv: kv[0])),
                      groups, query.matching.span, query.prefix.span if query.prefix is not None else None,
                      query.model.span if query.model is not None else None,
-                     tuple(m_off) if m_off else None, tuple(p_off) if p_off else None)
+                     tuple(m_off) if m_off else None, tuple(p_off) if p_off else None,
+                     _test(query.test, outputs, aggregate, source, opts["test_draws"]))
 
 
 def _options(query: A.Query, source: str, settings, params) -> Dict[str, Any]:
@@ -329,6 +347,35 @@ def _select(query: A.Query, source: str, groups) -> Tuple[Tuple[Output, ...], bo
         items = [Output(o.name if names.count(o.name) == 1 else f"{o.name}_{i + 1}", o.expr)
                  for i, o in enumerate(items)]
     return tuple(items), aggregate, tuple(group_by)
+
+
+def _test(test: Optional[A.Test], outputs, aggregate: bool, source: str, draws: int) -> Optional[TestPlan]:
+    """The TEST clause against the output columns."""
+    if test is None:
+        return None
+    if test.kind not in TESTS:
+        near = closest(test.kind, TESTS)
+        raise PlanError(f"unknown test {test.kind!r}; relmql tests: {', '.join(t.upper() for t in TESTS)}",
+                        test.kind_span, source, hint=f"did you mean TEST {near.upper()}?" if near else None)
+
+    def column(node) -> Output:
+        for o in outputs:
+            if o.expr == node or (isinstance(node, A.Column) and node.name == o.name):
+                return o
+        raise PlanError(f"TEST compares output columns; {unparse(node)} is not one", node.span, source,
+                        hint=f"output columns: {', '.join(o.name for o in outputs)}")
+
+    a, b = column(test.a), column(test.b)
+    if a.name == b.name:
+        raise PlanError("a test of independence needs two different columns", test.b.span, source)
+    weight = next((o for o in outputs if o not in (a, b) and is_aggregate(o.expr)), None)
+    if weight is None and aggregate:
+        raise PlanError("TEST over grouped rows needs a count(*), sum(...) or probability() column to weigh "
+                        "the cells", test.span, source)
+    probabilities = weight is not None and any(
+        (isinstance(n, A.Call) and n.name == "probability") or (isinstance(n, A.Column) and n.name in ("prob", "total_prob"))
+        for n in weight.expr.walk())
+    return TestPlan(a.name, b.name, weight.name if weight else None, draws if probabilities else None)
 
 
 def _refers_to_row(node: A.Node) -> bool:
@@ -411,7 +458,8 @@ def _plan_dataset(query: A.Query, source: str, settings, params) -> DatasetPlan:
                 groups = ()
     outputs, aggregate, group_by = _select(query, source, groups)
     return DatasetPlan(source, query, path, tuple(settings.items()), tuple(params.items()), outputs, aggregate,
-                       group_by, d.where, row_limit)
+                       group_by, d.where, row_limit, _test(query.test, outputs, aggregate, source,
+                                                           settings["test_draws"]))
 
 
 def iter_rows(path: str, source: str = "", span=None) -> Iterator[Dict[str, Any]]:
@@ -479,5 +527,5 @@ def row_selected(dplan: DatasetPlan, row: Mapping[str, Any]) -> bool:
     return bool(value)
 
 
-__all__ = ["plan", "plan_row", "row_selected", "selected_rows", "constant", "iter_rows", "QueryPlan", "DatasetPlan", "Plan", "ModelRef", "Output",
+__all__ = ["TestPlan", "TESTS", "plan", "plan_row", "row_selected", "selected_rows", "constant", "iter_rows", "QueryPlan", "DatasetPlan", "Plan", "ModelRef", "Output",
            "OPTIONS", "AGGREGATES"]

@@ -149,6 +149,17 @@ class OrderKey(Node):
 
 
 @dataclass(frozen=True)
+class Test(Node):
+    """``TEST kind OF a, b``: a statistical test over the result rows (``independence``: χ²)."""
+
+    kind: str
+    a: Node
+    b: Node
+    span: Span = field(default=(0, 0), compare=False)
+    kind_span: Span = field(default=(0, 0), compare=False)
+
+
+@dataclass(frozen=True)
 class Dataset(Node):
     """``FOR EACH ROW IN source [WHERE condition] [LIMIT n]``."""
 
@@ -173,6 +184,7 @@ class Query(Node):
     group_by: Tuple[Node, ...] = ()
     limit: Optional[Node] = None
     dataset: Optional[Dataset] = None
+    test: Optional[Test] = None
     span: Span = field(default=(0, 0), compare=False)
 
 

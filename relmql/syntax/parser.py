@@ -42,7 +42,7 @@ _TERMINALS = {
     "ADD_OP": "'+' or '-'", "MUL_OP": "'/' or '%'", "STAR": "'*'", "SEMICOLON": "';'", "COMMA": "','",
     "LPAR": "'('", "RPAR": "')'", "EQUAL": "'='", "$END": "the end",
 }
-_CLAUSES = ("SELECT", "FROM", "MATCHING", "PREFIX", "WHERE", "USING", "ORDER", "SAMPLE", "GROUP", "LIMIT")
+_CLAUSES = ("SELECT", "FROM", "MATCHING", "PREFIX", "WHERE", "USING", "ORDER", "SAMPLE", "GROUP", "LIMIT", "TEST")
 
 
 def _describe(expected) -> str:
@@ -194,7 +194,8 @@ def string_offsets(raw: str, start: int) -> List[int]:
 
 _CLAUSE_FIELD = {"from_clause": "model", "matching_clause": "matching", "prefix_clause": "prefix",
                  "where_clause": "where", "using_clause": "using", "order_clause": "order",
-                 "sample_clause": "sample", "group_clause": "group_by", "limit_clause": "limit"}
+                 "sample_clause": "sample", "group_clause": "group_by", "limit_clause": "limit",
+                 "test_clause": "test"}
 
 
 @v_args(meta=True)
@@ -274,6 +275,10 @@ class _ToAst(Transformer_NonRecursive):
 
     def group_clause(self, meta, c):
         return ("group_clause", tuple(x for x in c[2:] if isinstance(x, A.Node)), _tspan(c[0]), "GROUP BY")
+
+    def test_clause(self, meta, c):
+        test = A.Test(str(c[1]).lower(), c[3], c[4], _span(meta), _tspan(c[1]))
+        return ("test_clause", test, _tspan(c[0]), "TEST")
 
     def model_ref(self, meta, c):
         tok = c[0]

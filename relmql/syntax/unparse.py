@@ -11,7 +11,7 @@ _PRECEDENCE = {"OR": 1, "AND": 2, "NOT": 3, "=": 4, "<>": 4, "<": 4, ">": 4, "<=
                "MATCHES": 4, "IS": 4, "||": 5, "+": 6, "-": 6, "*": 7, "/": 7, "%": 7, "neg": 8}
 _KEYWORDS = {"select", "from", "matching", "matches", "prefix", "where", "using", "order", "by", "asc", "desc",
              "sample", "group", "limit", "as", "and", "or", "not", "in", "is", "null", "true", "false", "explain",
-             "set", "to", "show", "for", "each", "row"}
+             "set", "to", "show", "for", "each", "row", "test", "of"}
 
 
 def quote(s: str) -> str:
@@ -92,6 +92,8 @@ def unparse(node) -> str:
         return text + (f" AS {name(node.alias)}" if node.alias is not None else "")
     if isinstance(node, A.Option):
         return node.name + ("" if node.value is None else " " + _option_value(node.value))
+    if isinstance(node, A.Test):
+        return f"TEST {node.kind.upper()} OF {unparse(node.a)}, {unparse(node.b)}"
     if isinstance(node, A.OrderKey):
         return f"{node.column}{'' if node.descending else ' ASC'}"
     if isinstance(node, A.Query):
@@ -115,6 +117,8 @@ def unparse(node) -> str:
             parts.append("GROUP BY " + ", ".join(unparse(g) for g in node.group_by))
         if node.limit is not None:
             parts.append("LIMIT " + unparse(node.limit))
+        if node.test is not None:
+            parts.append(unparse(node.test))
         if node.dataset is not None:
             d = node.dataset
             text = "FOR EACH ROW IN " + unparse(d.source)
