@@ -295,7 +295,10 @@ class Connection:
         p = plan(st, text, self.settings, params)
 
         def rows(result: Result) -> Iterator[tuple]:
-            from .engine import run
+            from .engine import load, run
+            if isinstance(p, QueryPlan):
+                load(p, self.model)  # before the clock starts: row times are the query's own
+                result._t0 = time.perf_counter()
             bar = _Progress(self.progress)
             try:
                 yield from run(p, self.model, result.cancelled, bar.update, bar.total)

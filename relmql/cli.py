@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import IO, Dict, List, Optional
+from typing import IO, Callable, Dict, List, Optional
 
 from . import __version__
 from .errors import Error
@@ -23,6 +23,7 @@ EXIT_ERROR, EXIT_CANCELLED = 1, 130
 def build_parser() -> argparse.ArgumentParser:
     from .models import BUILTIN_MODELS, DEFAULT_MODEL
     from .output import FORMATS
+    from .output.plot import PLOT_KINDS
     p = argparse.ArgumentParser(
         prog="relmql",
         description="Query language models with regular expressions. With no FILE and no -c, reads "
@@ -41,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="PATH", help="write results to PATH instead of standard output")
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                    help="bind :NAME to the string VALUE (repeatable)")
+    p.add_argument("--plot", metavar="FILE",
+                   help="also draw each query's rows into FILE (.png, .svg or .pdf); the second query's into "
+                        "FILE-2, and so on")
+    p.add_argument("--plot-kind", choices=PLOT_KINDS,
+                   help="bar (grouped results), cumulative (rows over time) or cdf (of a numeric column) "
+                        "(default: chosen from the columns)")
+    p.add_argument("--log-scale", action="store_true", help="a log scale on the plot's value axis")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on standard error")
     return p
 
@@ -70,6 +78,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         params = _params(args.param)
+        if args.plot:
+            from .output.plot import check_path
+            check_path(args.plot)
         from .api import Connection
         con = Connection(model=args.model, device=args.device, dtype=args.dtype, seed=args.seed,
                          progress=not args.no_progress)
@@ -91,8 +102,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     out = open(args.output, "w", encoding="utf-8", newline="") if args.output else sys.stdout
     try:
         fmt = _format(args, out)
+        plotter = _Plotter(args.plot, args.plot_kind, args.log_scale) if args.plot else None
         for name, text in scripts:
-            code = run_script(con, text, name, params, fmt, out)
+            code = run_script(con, text, name, params, fmt, out, plot=plotter)
             if code:
                 return code
         return 0
@@ -101,10 +113,27 @@ def main(argv: Optional[List[str]] = None) -> int:
             out.close()
 
 
-def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: IO[str] = None) -> int:
+class _Plotter:
+    """``--plot FILE``: draws each query's result, the first into FILE, then FILE-2, FILE-3..."""
+
+    def __init__(self, path: str, kind: Optional[str] = None, log: bool = False):
+        self.path, self.kind, self.log, self.count = Path(path), kind, log, 0
+
+    def __call__(self, result, err: IO[str]) -> None:
+        self.count += 1
+        path = self.path if self.count == 1 else self.path.with_name(
+            f"{self.path.stem}-{self.count}{self.path.suffix}")
+        kind = result.plot(str(path), kind=self.kind, log=self.log)
+        print(f"plot: wrote {path} ({kind})", file=err)
+
+
+def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: IO[str] = None,
+               plot: Optional[Callable[..., None]] = None) -> int:
     """Run every statement of ``text``, writing results to ``out``; stops at the first error
-    (rendered on ``err``). Returns the exit status."""
+    (rendered on ``err``). ``plot(result, err)``: called after each query's rows are written.
+    Returns the exit status."""
     from .output import write
+    from .syntax import ast as A
     from .syntax import parse
     err = err or sys.stderr
     try:
@@ -127,6 +156,10 @@ def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: I
                     out.write(line + "\n")
                 continue
             write(result.columns, iter(result), fmt, out, stream=fmt == "table" and out.isatty(), kinds=result.kinds)
+            if result.test_plan is not None:  # beside machine formats, on stderr
+                print(result.test.summary(), file=out if fmt == "table" else err)
+            if plot is not None and isinstance(st, A.Query) and result.kind == "rows":
+                plot(result, err)
         except Error as e:
             print(e.render(_origin(name)), file=err)
             return EXIT_ERROR

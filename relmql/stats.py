@@ -191,7 +191,7 @@ def contingency(rows: Sequence[Mapping[str, Any]], a: str, b: str, weight: Optio
             if col not in r:
                 raise KeyError(col)
         w = 1.0 if weight is None else r[weight]
-        if w is None:
+        if w is None or r[a] is None or r[b] is None:  # NULLs are left out, as aggregates do
             continue
         if isinstance(w, bool) or not isinstance(w, (int, float)):
             raise ValueError(f"the weight {weight!r} must be a number, not {w!r}")

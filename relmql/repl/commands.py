@@ -8,6 +8,7 @@ A command is a function ``handler(shell, arg)`` registered with ``@command(name,
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
@@ -20,7 +21,7 @@ __all__ = ["Command", "COMMANDS", "command", "lookup", "run_command", "help_text
 @dataclass(frozen=True)
 class Command:
     """One meta-command. ``complete``: what its argument is, for completion: ``models``,
-    ``modes``, ``onoff``, ``path``, ``commands`` or None."""
+    ``modes``, ``onoff``, ``path``, ``plot`` (a path, then plot kinds), ``commands`` or None."""
 
     name: str
     args: str
@@ -173,6 +174,32 @@ def _output(shell, arg):
         shell.set_output(None)
         return
     shell.set_output(os.path.expanduser(arg.strip("'\"")))
+
+
+@command(".plot", "FILE [bar|cumulative|cdf] [log]",
+         "draw the last result into FILE (.png, .svg or .pdf); no kind: chosen from the columns", complete="plot")
+def _plot(shell, arg):
+    from ..output.plot import PLOT_KINDS, check_path
+    try:
+        words = shlex.split(arg)
+    except ValueError:
+        words = arg.split()
+    if not words:
+        raise Error(".plot needs a FILE", hint="e.g. .plot probs.png bar")
+    path, kind, log = os.path.expanduser(words[0]), None, False
+    for word in words[1:]:
+        if word.lower() == "log":
+            log = True
+        elif word.lower() in PLOT_KINDS:
+            kind = word.lower()
+        else:
+            near = closest(word, PLOT_KINDS + ("log",))
+            raise Error(f".plot takes a kind ({', '.join(PLOT_KINDS)}) and log, not {word!r}" +
+                        (f"; did you mean {near}?" if near else ""))
+    check_path(path)
+    if shell.last_result is None:
+        raise Error("no result to plot yet; run a query first")
+    shell.say(f"wrote {path} ({shell.last_result.plot(path, kind=kind, log=log)})")
 
 
 @command(".quit", "", "leave the shell (so does Ctrl-D)", aliases=(".exit",))

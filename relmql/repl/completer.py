@@ -72,7 +72,7 @@ class RelmqlCompleter(Completer):
     ``options``: name → (meaning, choices); ``models``: a callable giving the model names to offer
     (the built-in ones and the session's); ``columns``: result columns; ``functions``: name →
     meaning; ``commands``: meta-command name (with its dot) → (arguments, meaning, kind of argument:
-    models, modes, onoff, path or None); ``modes``: output formats.
+    models, modes, onoff, path, plot (a path, then plot kinds) or None); ``modes``: output formats.
     """
 
     def __init__(self, options: Dict[str, Tuple[str, Sequence[str]]], models: Callable[[], Iterable[str]],
@@ -90,7 +90,7 @@ class RelmqlCompleter(Completer):
     @classmethod
     def for_connection(cls, con, commands=None) -> "RelmqlCompleter":
         """A completer over relmql's own tables and ``con``'s models."""
-        from ..execute.rows import COLUMNS
+        from ..execute.rows import COLUMNS, COMPUTED_COLUMNS
         from ..models import BUILTIN_MODELS
         from ..output import FORMATS
         from ..plan.expr import AGGREGATES, FUNCTIONS, ROW_FUNCTIONS
@@ -109,7 +109,7 @@ class RelmqlCompleter(Completer):
         options = {name: (spec.doc, tuple(spec.choices) if spec.kind == "choice" else
                           (("true", "false") if spec.kind == "bool" else ()))
                    for name, spec in OPTIONS.items()}
-        return cls(options, models, COLUMNS, functions, commands, FORMATS)
+        return cls(options, models, COLUMNS + COMPUTED_COLUMNS, functions, commands, FORMATS)
 
     # -- prompt_toolkit
     def get_completions(self, document: Document, complete_event):
@@ -142,7 +142,14 @@ class RelmqlCompleter(Completer):
             return
         kind = self.commands.get(name.lower(), (None, None, None))[2]
         arg = arg.lstrip()
-        if kind == "path":
+        if kind == "plot" and " " in arg:  # .plot FILE [kind] [log]: the words after the file
+            from ..output.plot import PLOT_KINDS
+            word = arg.rsplit(" ", 1)[1]
+            for v in PLOT_KINDS + ("log",):
+                if v.startswith(word.lower()):
+                    yield Completion(v, start_position=-len(word))
+            return
+        if kind in ("path", "plot"):
             yield from self._paths.get_completions(Document(arg, len(arg)), event)
             return
         values = {"models": lambda: list(self.models()), "modes": lambda: list(self.modes),

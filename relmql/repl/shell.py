@@ -57,6 +57,7 @@ class Shell:
         self.timer = False
         self.explain = False
         self.done = False
+        self.last_result = None  # the last query's rows, for .plot
         self.width = None  # a callable giving the screen's width, for tables (default: the terminal's)
         self._depth = 0
 
@@ -164,6 +165,8 @@ class Shell:
             ticket.attach(result)
             if not ticket.stopped:
                 self._show(result)
+                if result.kind == "rows":
+                    self.last_result = result
 
         start = time.perf_counter()
         stopped, error = self.background(job)
@@ -249,6 +252,12 @@ class Shell:
         else:
             write(result.columns, iter(result), self.mode, self.out, kinds=result.kinds)
         self.out.flush()
+        if getattr(result, "test_plan", None) is not None:  # TEST ...: its outcome under the table
+            if self.mode == "table":
+                self.out.write(result.test.summary() + "\n")
+                self.out.flush()
+            else:
+                self.say(result.test.summary())
 
 
 def _chunks(text: str) -> Iterator[Tuple[str, str, int]]:
