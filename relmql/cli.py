@@ -114,12 +114,17 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 class _Plotter:
-    """``--plot FILE``: draws each query's result, the first into FILE, then FILE-2, FILE-3..."""
+    """``--plot FILE``: draws each query's result, the first into FILE, then FILE-2, FILE-3...
+    (a result of one row or none has nothing to draw, and is passed over)."""
 
     def __init__(self, path: str, kind: Optional[str] = None, log: bool = False):
         self.path, self.kind, self.log, self.count = Path(path), kind, log, 0
 
     def __call__(self, result, err: IO[str]) -> None:
+        n = len(result)
+        if n < 2:
+            print(f"plot: nothing to draw for a result of {n} row{'' if n == 1 else 's'}", file=err)
+            return
         self.count += 1
         path = self.path if self.count == 1 else self.path.with_name(
             f"{self.path.stem}-{self.count}{self.path.suffix}")

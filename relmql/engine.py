@@ -7,12 +7,14 @@ over all of them.
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from .automata import compile
+from .automata.language import nearest, unedited, viable_length
 from .errors import Error
 from .execute import COLUMNS, Mass, Measure, Row, SearchStats, execute, measure
 from .models import LanguageModel
@@ -64,6 +66,8 @@ class RowEnv(Env):
             self._match = None
             if self.row is not None and self._regex is not None:
                 self._match = self._regex.fullmatch(self.row.text)
+                if self._match is None and self.row.edits:
+                    self._match = unedited_match(self.plan.matching, self.row.text, self.row.edits)
         if isinstance(key, bool) or not isinstance(key, (int, str)):
             raise PlanError(f"group() takes a group number or name, not {key!r}", node.span, self.plan.source)
         if isinstance(key, int) and not 0 <= key <= (self._regex.groups if self._regex else 0):
@@ -74,22 +78,21 @@ class RowEnv(Env):
         return None if self._match is None else self._match.group(key)
 
 
-def edit_position(pattern: str, text: str) -> Optional[int]:
-    """Where the first edit falls in an edited ``text``: the length of its longest beginning that
-    some string of the unedited ``pattern`` begins with (None if the pattern cannot be read)."""
-    import regex as rx
-    try:
-        compiled = rx.compile(pattern)
-    except (rx.error, RecursionError, OverflowError, ValueError):
-        return None
-    low, high = 0, len(text)  # text[:low] can still be completed; find the longest such beginning
-    while low < high:
-        mid = (low + high + 1) // 2
-        if compiled.fullmatch(text[:mid], partial=True) is not None:
-            low = mid
-        else:
-            high = mid - 1
-    return low
+def edit_position(pattern: str, text: str) -> int:
+    """Where the first edit falls in an edited ``text``: the length, in characters, of its
+    longest beginning that some string of the unedited ``pattern`` begins with."""
+    dfa, start = unedited(pattern)
+    data = text.encode("utf-8")
+    return len(data[:viable_length(dfa, start, data)].decode("utf-8", errors="ignore"))
+
+
+@functools.lru_cache(maxsize=1 << 16)  # samples repeat
+def unedited_match(pattern: str, text: str, edits: int):
+    """The ``re`` match of the string of ``pattern`` nearest to an edited ``text`` (at most
+    ``edits`` edits away), so that an edited string keeps the capture groups it was made from."""
+    dfa, start = unedited(pattern)
+    found = nearest(dfa, start, text.encode("utf-8"), edits)
+    return None if found is None else re.fullmatch(pattern, found.decode("utf-8", errors="replace"))
 
 
 class _GroupEnv(Env):

@@ -210,6 +210,15 @@ def test_cli_plot_flag(capsys, tmp_path):
     assert "gender,field,n" in out.out
 
 
+def test_cli_plot_passes_over_single_rows(capsys, tmp_path):
+    target = tmp_path / "x.png"
+    code = main([*TINY, "-c", "SELECT count(*) AS n MATCHING 'a(b|c)d' SAMPLE 5; " + GROUPED, "--plot", str(target),
+                 "--format", "csv"])
+    err = capsys.readouterr().err
+    assert code == 0 and "plot: nothing to draw for a result of 1 row" in err
+    assert f"plot: wrote {target} (bar)" in err and not (tmp_path / "x-2.png").exists()
+
+
 def test_cli_plot_kind_and_log_scale(capsys, tmp_path):
     code = main([*TINY, "-c", GROUPED, "--plot", str(tmp_path / "x.svg"), "--plot-kind", "cdf", "--log-scale",
                  "--format", "csv"])

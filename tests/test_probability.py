@@ -206,6 +206,24 @@ def test_edit_position_is_where_the_text_leaves_the_language(con):
                                                text[pos] != target[pos])
 
 
+def levenshtein(a: str, b: str) -> int:
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+    return row[-1]
+
+
+def test_edited_rows_keep_the_groups_of_the_nearest_unedited_string(con):
+    pattern = "The (?P<g>man|woman) was (?P<f>here|there)"
+    rows = con.sql(f"SELECT text, edits, g, f MATCHING '{pattern}' USING edits 1, seed 2 SAMPLE 200").fetchall()
+    assert sum(e for _, e, _, _ in rows) > 100
+    for text, edits, g, f in rows:
+        dist = {(a, b): levenshtein(text, f"The {a} was {b}") for a in ("man", "woman") for b in ("here", "there")}
+        assert min(dist.values()) == edits and dist[(g, f)] == edits, (text, g, f)
+
+
 # -- the statistics, against scipy and textbook values
 
 @pytest.mark.parametrize("k,n,conf", [(0, 10, 0.95), (37, 100, 0.95), (5, 7, 0.9), (999, 1000, 0.99)])

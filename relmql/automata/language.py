@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+from collections import deque
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
+import numpy as np
 import pynini
 
 from ..errors import CompileError, Error
@@ -113,3 +115,66 @@ def compile_language(spec: LanguageSpec) -> Language:
         raise CompileError("the query matches no string once the exclusions are applied"
                            if spec.exclude else "the query matches no string")
     return Language(spec, dfa)
+
+
+@functools.lru_cache(maxsize=64)
+def unedited(matching: str, max_states: int = DEFAULT_MAX_STATES) -> Tuple[ByteDFA, int]:
+    """The byte DFA of ``matching`` on its own (no prefix split, no edits) and its start state."""
+    dfa = compile_language(LanguageSpec(matching, max_states=max_states)).dfa
+    return dfa, int(dfa.delta[0, fsa.SPLIT_COL])  # a language without prefix starts with SPLIT
+
+
+def viable_length(dfa: ByteDFA, start: int, data: bytes) -> int:
+    """How many leading bytes of ``data`` some string of the (trimmed) ``dfa`` begins with."""
+    state = start
+    for i, b in enumerate(data):
+        state = int(dfa.delta[state, b])
+        if state == dfa.dead:
+            return i
+    return len(data)
+
+
+def nearest(dfa: ByteDFA, start: int, data: bytes, max_edits: int) -> Optional[bytes]:
+    """A string of ``dfa`` within ``max_edits`` insertions, deletions and substitutions of
+    ``data`` with the fewest edits (None if there is none): a 0-1 breadth-first search over
+    (position in ``data``, DFA state) that remembers the bytes it spelled."""
+    dead = dfa.dead
+    live: Dict[int, np.ndarray] = {}
+
+    def nexts(q: int) -> np.ndarray:
+        got = live.get(q)
+        if got is None:
+            got = live[q] = np.flatnonzero(dfa.delta[q, :256] != dead)
+        return got
+
+    n = len(data)
+    best: Dict[Tuple[int, int], int] = {(0, start): 0}
+    back: Dict[Tuple[int, int], Tuple[Optional[Tuple[int, int]], Optional[int]]] = {(0, start): (None, None)}
+    todo = deque([(0, 0, start)])
+    while todo:
+        d, i, q = todo.popleft()
+        if d > best.get((i, q), max_edits + 1):
+            continue
+        if i == n and dfa.final[q] >= 0:
+            out, key = [], (i, q)
+            while key is not None:
+                key, b = back[key]
+                if b is not None:
+                    out.append(b)
+            return bytes(reversed(out))
+        steps = []
+        if i < n and dfa.delta[q, data[i]] != dead:
+            steps.append((0, i + 1, int(dfa.delta[q, data[i]]), data[i]))
+        if d < max_edits:
+            if i < n:
+                steps.append((1, i + 1, q, None))  # a byte of data that the language lacks
+            for b in nexts(q).tolist():
+                if i < n and b != data[i]:
+                    steps.append((1, i + 1, int(dfa.delta[q, b]), b))  # substituted
+                steps.append((1, i, int(dfa.delta[q, b]), b))  # a byte data lacks
+        for cost, j, r, b in steps:
+            if d + cost < best.get((j, r), max_edits + 1):
+                best[(j, r)] = d + cost
+                back[(j, r)] = ((i, q), b)
+                (todo.appendleft if cost == 0 else todo.append)((d + cost, j, r))
+    return None
