@@ -198,7 +198,7 @@ def test_result_plot(con, tmp_path):
 
 def test_cli_plot_flag(capsys, tmp_path):
     target = tmp_path / "x.png"
-    code = main([*TINY, "-c", "SELECT text, count(*) AS n MATCHING 'a(b|c)d' SAMPLE 20 GROUP BY text;",
+    code = main([*TINY, "-c", "SELECT text, prob MATCHING 'a(b|c)d' SAMPLE 20;",
                  "-c", "SHOW MODELS; " + GROUPED, "--plot", str(target), "--format", "csv"])
     out = capsys.readouterr()
     assert code == 0, out.err
