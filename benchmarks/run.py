@@ -16,6 +16,7 @@ sys.path.insert(0, str(HERE))
 
 import compile_bench  # noqa: E402
 import execute_bench  # noqa: E402
+import measure_bench  # noqa: E402
 
 
 def machine() -> str:
@@ -62,28 +63,32 @@ def main():
     import argparse
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--seconds", type=float, default=30.0, help="time per URL memorization configuration")
-    p.add_argument("--only", choices=("compile", "execute"), help="run one part (the other is left as it is)")
+    p.add_argument("--only", choices=("compile", "execute", "measure"),
+                   help="run one part (the others are left as they are)")
     p.add_argument("--execute-json", help="take the executor results from this file (written by "
                                           "execute_bench.py --json) instead of measuring them")
     args = p.parse_args()
     out = HERE.parent / "docs" / "benchmarks.md"
-    rows = compile_bench.run() if args.only != "execute" else None
+    rows = compile_bench.run() if args.only in (None, "compile") else None
     if args.execute_json:
         import json
         executed = json.loads(Path(args.execute_json).read_text())
     else:
-        executed = execute_bench.run(args.seconds) if args.only != "compile" else None
+        executed = execute_bench.run(args.seconds) if args.only in (None, "execute") else None
+    measured = measure_bench.run() if args.only in (None, "measure") else None
     text = (HERE.parent / "docs" / "benchmarks.template.md").read_text()
     old = out.read_text() if out.exists() else ""
     compile_part = compile_bench.table(rows) if rows else _section(old, "<!-- compile -->")
     reading = compile_bench.reading(rows) if rows else _section(old, "<!-- compile reading -->")
     execute_part = execute_bench.tables(executed) if executed else _section(old, "<!-- execute -->")
+    measure_part = measure_bench.tables(measured) if measured else _section(old, "<!-- measure -->")
     text = (text.replace("{{date}}", datetime.date.today().isoformat())
                 .replace("{{machine}}", machine())
                 .replace("{{versions}}", versions())
                 .replace("{{compile_table}}", _mark("<!-- compile -->", compile_part))
                 .replace("{{compile_reading}}", _mark("<!-- compile reading -->", reading))
-                .replace("{{execute_tables}}", _mark("<!-- execute -->", execute_part)))
+                .replace("{{execute_tables}}", _mark("<!-- execute -->", execute_part))
+                .replace("{{measure_tables}}", _mark("<!-- measure -->", measure_part)))
     out.write_text(text)
     print(f"wrote {out}")
 

@@ -28,7 +28,8 @@ Models = Callable[[ModelRef], LanguageModel]
 
 class RowEnv(Env):
     """A result row as expressions see it: its columns, the capture groups of MATCHING in its
-    text (NULL where the text does not match, e.g. after edits), and the query's parameters."""
+    text (an edited text's from the nearest unedited string), the query's parameters, and, for
+    probability(), how the language was measured (``mass``)."""
 
     def __init__(self, plan: QueryPlan, row: Optional[Row], rank: Optional[int], regex, mass: Optional[Mass] = None):
         self.plan, self.row, self.rank, self._regex, self.mass = plan, row, rank, regex, mass
@@ -137,8 +138,10 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
         mass, rows = measure(automaton, model, plan.decoding, plan.traversal, cancel, stats)
         if masses is not None:
             masses.append(mass)
-        if on_total is not None:
-            on_total(mass.sequences, "sequence") if mass.exact else on_total(mass.draws, "draw")
+        if on_total is not None and mass.exact:
+            on_total(mass.sequences, "sequence")  # at most: the rules may rule some out
+        elif on_total is not None:
+            on_total(mass.draws, "draw")
     else:
         rows = execute(automaton, model, plan.traversal, plan.decoding, cancel, stats)
     for row in rows:

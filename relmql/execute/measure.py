@@ -1,16 +1,17 @@
 """The probability of a language: summed exactly, or estimated by sampling.
 
-The event measured is "given the prefix, the model produces a string of the language": a
-string that the language lets go on must end with the end-of-text token (it would otherwise be
-the beginning of a longer one), with ``eos`` every string must. These events are disjoint, so
-the probabilities of the token sequences add up; summed over every prefix token path p, the
-total is Σ_p P(language after p | p), and per group of strings the same sum over the group.
+The event measured is "given the prefix, the model's generation begins with a string of the
+language" (with ``eos``: "is a string of the language, then the end of text"). Without ``eos``
+a generation that begins with ``ab`` also begins with ``a`` when both are in the language, so
+only the shortest such token sequences count (first_match): the events are then disjoint and
+their probabilities add up. Summed over every prefix token path p, the total is
+Σ_p P(language after p | p), and per group of strings the same sum over the group.
 
-Exact: a ``ShortestPath`` over every token sequence with ``complete`` rows (shared token
+Exact: a ``ShortestPath`` with ``first_match`` over every token sequence (shared token
 prefixes are read once, from the search tree's cache). Estimate: ``Sample`` draws with
-``misses``: the prefix path is uniform over the N prefix paths and the completion is drawn
-locally with importance weight w (or by rejection, w = 1), so N · E[w · 1(string in group)]
-is the group's probability, with a normal (or Wilson) interval.
+``misses`` and ``first_match``: the prefix path is uniform over the N prefix paths and the
+completion is drawn locally with importance weight w (or by rejection, w = 1), so
+N · E[w · 1(string in group)] is the group's probability, with a normal (or Wilson) interval.
 """
 
 from __future__ import annotations

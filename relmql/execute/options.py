@@ -63,10 +63,9 @@ class ShortestPath:
     prefix. ``max_nodes``: stop expanding after this many nodes (the rows released until then
     are still the most probable, in order; ``SearchStats.stopped`` tells). ``batch_size``: nodes
     expanded per model call. ``max_prefix_nodes``: how many prefix nodes "prob" order may expand before its first
-    row (it needs every prefix's distribution to be sure of the order). ``complete``: rows are
-    whole generations, as ``Sample`` draws them: a string the language lets go on ends with the
-    end-of-text token, whose probability counts, so that rows are disjoint events and their
-    probabilities add up."""
+    row (it needs every prefix's distribution to be sure of the order). ``first_match``: the
+    search does not go past a string of the language (without ``eos``): rows are then the
+    shortest strings a generation can begin with, disjoint events whose probabilities add up."""
 
     order: str = "prob"
     limit: Optional[int] = None
@@ -75,7 +74,7 @@ class ShortestPath:
     max_prefix_nodes: int = 100_000
     max_prefix_tokens: int = MAX_PREFIX_TOKENS
     max_nodes: Optional[int] = None
-    complete: bool = False
+    first_match: bool = False
 
     def check(self) -> "ShortestPath":
         if self.order not in ORDERS:
@@ -111,7 +110,9 @@ class Sample:
 
     With ``misses``, every sample is exactly one draw: a draw that leaves the language (exact)
     or reaches a dead end (local) is not drawn again but ends as a row with ``miss`` set and
-    weight 0, so that the n rows are independent draws for estimating probabilities.
+    weight 0, so that the n rows are independent draws for estimating probabilities. With
+    ``first_match`` (and no ``eos``), a completion ends at the first string of the language it
+    spells, as ``ShortestPath.first_match`` does.
     """
 
     n: int
@@ -122,6 +123,7 @@ class Sample:
     max_draws: Optional[int] = None
     max_prefix_tokens: int = MAX_PREFIX_TOKENS
     misses: bool = False
+    first_match: bool = False
 
     def check(self) -> "Sample":
         if not (isinstance(self.n, int) and self.n >= 0):
@@ -142,10 +144,10 @@ class Measure:
     """The probability of the language, P(string in the language | prefix), summed over the
     prefix's token paths (per group: over the strings of the group).
 
-    Summed exactly over every token sequence (``ShortestPath`` with ``complete`` rows) when the
+    Summed exactly over every token sequence (``ShortestPath`` with ``first_match``) when the
     language is finite with at most ``exact_limit`` of them; otherwise estimated from
-    ``samples`` independent draws of ``Sample`` with ``misses`` (``mode`` local: importance
-    weights; exact: rejection), with intervals at ``confidence``.
+    ``samples`` independent draws of ``Sample`` with ``misses`` and ``first_match`` (``mode``
+    local: importance weights; exact: rejection), with intervals at ``confidence``.
     """
 
     exact_limit: int = 10_000
@@ -160,12 +162,13 @@ class Measure:
     def exact(self) -> ShortestPath:
         """The traversal that sums exactly."""
         return ShortestPath(max_tokens=self.max_tokens, batch_size=self.batch_size,
-                            max_prefix_tokens=self.max_prefix_tokens, complete=True)
+                            max_prefix_tokens=self.max_prefix_tokens, first_match=True)
 
     def estimate(self) -> Sample:
         """The traversal that estimates."""
         return Sample(self.samples, seed=self.seed, mode=self.mode, max_tokens=self.max_tokens,
-                      batch_size=max(self.batch_size, 64), max_prefix_tokens=self.max_prefix_tokens, misses=True)
+                      batch_size=max(self.batch_size, 64), max_prefix_tokens=self.max_prefix_tokens, misses=True,
+                      first_match=True)
 
     def check(self) -> "Measure":
         if not (isinstance(self.exact_limit, int) and self.exact_limit >= 0):

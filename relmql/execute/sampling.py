@@ -161,7 +161,7 @@ def sample(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opt
         toks, tgts = arcs.tokens[comp], arcs.targets[comp]
         edits = automaton.final_edits(w.node)
         final = edits >= 0
-        if final and len(toks) == 0 and not rules.eos:
+        if final and (len(toks) == 0 or opts.first_match) and not rules.eos:
             finish(w, edits)
             return "end", None
         if len(w.tokens) >= opts.max_tokens:

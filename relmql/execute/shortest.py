@@ -127,22 +127,20 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
         elif parent.more:
             push(parent.kid_keys[-1], _MORE, parent, parent.more)
 
-    def needs_eos(state: int) -> bool:
-        """Whether a string ending at ``state`` ends with the end-of-text token: always with
-        ``eos``; with ``complete``, where the language lets the string go on."""
-        if rules.eos:
-            return True
-        if not opts.complete:
-            return False
-        arcs = automaton.arcs(state)
-        return len(arcs) > arcs.n_prefix
+    def stops(state: int) -> bool:
+        """With ``first_match``: the generation begins with a string of the language here, so the
+        search goes no further (only on to other prefixes)."""
+        return opts.first_match and not rules.eos and automaton.is_final(state)
 
     def expandable(node: _Node) -> bool:
-        if needs_eos(node.state) and automaton.is_final(node.state):
+        if rules.eos and automaton.is_final(node.state):
             return True
         if node.ncomp >= opts.max_tokens and node.npre >= opts.max_prefix_tokens:
             return False
-        return len(automaton.arcs(node.state)) > 0
+        arcs = automaton.arcs(node.state)
+        if stops(node.state):
+            return arcs.n_prefix > 0 and node.npre < opts.max_prefix_tokens
+        return len(arcs) > 0
 
     def forced(node: _Node):
         """The token and state of a prefix node's only way on, if it has exactly one and the text
@@ -157,7 +155,7 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
     def consider(node: _Node, batch: list):
         """A node just taken from the queue: release its result (without eos) and queue its
         expansion, through any chain of forced prefix tokens below it (one model call for all)."""
-        if not needs_eos(node.state):
+        if not rules.eos:
             edits = automaton.final_edits(node.state)
             if edits >= 0:
                 push(result_key(node.pre_raw, node.cond), _RESULT, node, edits)
@@ -190,7 +188,7 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
                     n.pre_raw = n.parent.pre_raw + float(lp)
                     n.key = node_key(n.pre_raw, 0.0, True)
                 prefix_expanded += len(chain) - 1
-                if not needs_eos(chain[-1].state):
+                if not rules.eos:
                     edits = automaton.final_edits(chain[-1].state)
                     if edits >= 0:
                         push(result_key(chain[-1].pre_raw, 0.0), _RESULT, chain[-1], edits)
@@ -215,12 +213,12 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
             n = len(a)
             lr, lu = raw_all[start:start + n], rule_all[start:start + n]
             start += n
-            if chunk == 0 and needs_eos(node.state):
+            if chunk == 0 and rules.eos:
                 edits = automaton.final_edits(node.state)
                 if edits >= 0 and eos_rule[b] > -math.inf:
                     push(result_key(node.pre_raw, node.cond + eos_rule[b]), _RESULT, node, edits)
             keep = np.where(a.prefix, node.npre < opts.max_prefix_tokens,
-                            (lu > -math.inf) & (node.ncomp < opts.max_tokens))
+                            (lu > -math.inf) & (node.ncomp < opts.max_tokens) & (not stops(node.state)))
             if not keep.any():
                 continue
             t, s, p, rr, ru = a.tokens[keep], a.targets[keep], a.prefix[keep], lr[keep], lu[keep]
