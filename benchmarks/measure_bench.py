@@ -36,15 +36,11 @@ BATCH = 32
 
 
 def sequences(automaton) -> List[Tuple[Tuple[int, ...], int]]:
-    """Every (tokens, number of prefix tokens) of a finite token automaton (depth first)."""
-    out, stack = [], [(automaton.start, (), 0)]
-    while stack:
-        state, toks, npre = stack.pop()
-        if automaton.is_final(state):
-            out.append((toks, npre))
-        arcs = automaton.arcs(state)
-        for t, n, p in zip(arcs.tokens.tolist(), arcs.targets.tolist(), arcs.prefix.tolist()):
-            stack.append((n, toks + (t,), npre + p))
+    """Every (tokens, number of prefix tokens) of a finite token automaton; none may begin with
+    another (then every sequence counts, and summing them all is the reference)."""
+    out = list(automaton.paths())
+    starts = {(toks[:k], n) for toks, n in out for k in range(n, len(toks))}
+    assert not starts & set(out), "a sequence begins with another: the reference would count both"
     return out
 
 

@@ -14,9 +14,10 @@ import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from .automata import compile
-from .automata.language import nearest, unedited, viable_length
+from .automata.language import levenshtein, nearest, unedited, viable_length
 from .errors import Error
 from .execute import COLUMNS, Mass, Measure, Row, SearchStats, execute, measure
+from .stats import sort_key
 from .models import LanguageModel
 from .plan import DatasetPlan, ModelRef, Plan, QueryPlan, evaluate, plan_row, selected_rows
 from .plan.expr import Env
@@ -38,8 +39,6 @@ class RowEnv(Env):
     def measured(self):
         if self.mass is None:
             raise PlanError("probability() needs a query that measures its language", None, self.plan.source)
-        if self.row is None:
-            return self.mass, None, None
         return self.mass, self.row.prob, self.row.weight
 
     def column(self, node: A.Column):
@@ -90,14 +89,20 @@ def edit_position(pattern: str, text: str) -> int:
 @functools.lru_cache(maxsize=1 << 16)  # samples repeat
 def unedited_match(pattern: str, text: str, edits: int):
     """The ``re`` match of the string of ``pattern`` nearest to an edited ``text`` (at most
-    ``edits`` edits away), so that an edited string keeps the capture groups it was made from."""
+    ``edits`` character edits away), so that an edited string keeps the capture groups it was
+    made from. The search counts byte edits: a character edit is at most 4 of them (UTF-8)."""
     dfa, start = unedited(pattern)
-    found = nearest(dfa, start, text.encode("utf-8"), edits)
-    return None if found is None else re.fullmatch(pattern, found.decode("utf-8", errors="replace"))
+    found = nearest(dfa, start, text.encode("utf-8"), 4 * edits)
+    if found is None:
+        return None
+    found_text = found.decode("utf-8", errors="replace")
+    return re.fullmatch(pattern, found_text) if levenshtein(found_text, text) <= edits else None
 
 
 class _GroupEnv(Env):
-    """The rows of one group: aggregates see all of them, other expressions the first."""
+    """The rows of one group: aggregates see all of them, other expressions the first. (With a
+    dataset, probability() combines the measurements that have rows in the group: which data
+    rows could have had one is not known.)"""
 
     def __init__(self, rows: List[Env]):
         self.rows = rows
@@ -249,8 +254,7 @@ class _EmptyEnv(Env):
 
 def _order(key: tuple):
     """Groups come out sorted by their values (NULL last; values of different types by type)."""
-    return tuple((v is None, type(v).__name__ if not isinstance(v, (int, float)) else "", v if v is not None else 0)
-                 for v in key)
+    return tuple(sort_key(v) for v in key)
 
 
 def _hashable(v):
@@ -272,8 +276,8 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total,
         for env in query_rows(qplan, models, cancel, stopped=stopped, masses=masses):
             found = True
             yield env
-        if not found:  # the row still counts: one row of NULL results (as a LEFT JOIN would give)
-            yield RowEnv(qplan, None, None, _regex(qplan), masses[-1] if len(masses) > before else None)
+        if not found and len(masses) == before:  # the row still counts: one row of NULL results (as a LEFT
+            yield RowEnv(qplan, None, None, _regex(qplan))     # JOIN would give); a measured one counts as 0
         if progress is not None:
             progress(1)
     if stopped:

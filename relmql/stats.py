@@ -52,11 +52,6 @@ class Estimate(float):
     def __reduce__(self):
         return (Estimate, (float(self), self.low, self.high, self.exact, self.draws, self.confidence, self.method))
 
-    def as_dict(self) -> Dict[str, Any]:
-        """The value and its interval, for JSON."""
-        return {"value": float(self), "low": self.low, "high": self.high, "exact": self.exact, "draws": self.draws,
-                "confidence": self.confidence, "method": self.method}
-
 
 def wilson(k: float, n: float, confidence: float = DEFAULT_CONFIDENCE) -> Tuple[float, float]:
     """The Wilson score interval of a proportion: ``k`` successes in ``n`` trials."""
@@ -69,20 +64,23 @@ def wilson(k: float, n: float, confidence: float = DEFAULT_CONFIDENCE) -> Tuple[
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return (0.0 if k == 0 else max(0.0, centre - half)), (1.0 if k == n else min(1.0, centre + half))
 
 
 def estimate_mean(hits: Sequence[float], draws: int, scale: float = 1.0, bounded: Optional[float] = None,
                   confidence: float = DEFAULT_CONFIDENCE, binary: bool = False) -> Estimate:
     """The mean of ``draws`` independent draws, of which the nonzero ones are ``hits`` (the rest
     are zero), times ``scale``, with its interval: Wilson's when every hit is 1 (``binary``),
-    otherwise the normal approximation with the sample variance, clipped to [0, ``bounded``]."""
+    otherwise the normal approximation with the sample variance, clipped to [0, ``bounded``].
+    With no hits at all the sample variance says nothing; draws bounded by 1 then get Wilson's
+    upper bound for none in ``draws``."""
     if draws <= 0:
         raise ValueError("an estimate needs at least one draw")
     hits = np.asarray(hits, np.float64)
-    if binary:
-        lo, hi = wilson(len(hits), draws, confidence)
-        value = len(hits) / draws
+    if binary or (not hits.any() and bounded is not None and bounded <= 1):
+        k = int(np.count_nonzero(hits))
+        lo, hi = wilson(k, draws, confidence)
+        value = k / draws
         return Estimate(scale * value, scale * lo, scale * hi, exact=False, draws=draws, confidence=confidence,
                         method="wilson")
     mean = float(hits.sum()) / draws
@@ -107,9 +105,7 @@ def probability(hits: Sequence[Tuple[Any, float, float]], masses: Sequence[Any] 
     measurements (a dataset's rows) add up, their interval half-widths in quadrature."""
     groups: Dict[int, Tuple[Any, List[Tuple[float, float]]]] = {}
     for mass, prob, weight in hits:
-        found = groups.setdefault(id(mass), (mass, []))[1]
-        if prob is not None:  # None: a dataset row whose query found nothing
-            found.append((prob, weight))
+        groups.setdefault(id(mass), (mass, []))[1].append((prob, weight))
     for mass in masses:
         groups.setdefault(id(mass), (mass, []))
     parts = []
@@ -165,10 +161,6 @@ class Chi2Result:
         return (f"χ² test of independence of {self.a} and {self.b}: χ² = {self.statistic:.4g}, "
                 f"dof = {self.dof}, p = {format_p(self.p_value)}, Cramér's V = {self.cramers_v:.3g} ({how})")
 
-    def as_dict(self) -> Dict[str, Any]:
-        return {"test": "chi2 independence", "a": self.a, "b": self.b, "statistic": self.statistic, "dof": self.dof,
-                "p_value": self.p_value, "n": self.n, "cramers_v": self.cramers_v}
-
 
 def format_p(p: float) -> str:
     """A p-value as people write it; underflow below 1e-300 shows as such, not as 0."""
@@ -177,8 +169,9 @@ def format_p(p: float) -> str:
     return f"{p:.3g}"
 
 
-def _key(v):
-    return (v is None, str(type(v).__name__), v if v is not None else 0)
+def sort_key(v):
+    """How values sort in results: NULL last, numbers together, other types by type name."""
+    return (v is None, type(v).__name__ if not isinstance(v, (int, float)) else "", v if v is not None else 0)
 
 
 def contingency(rows: Sequence[Mapping[str, Any]], a: str, b: str, weight: Optional[str] = None
@@ -195,10 +188,10 @@ def contingency(rows: Sequence[Mapping[str, Any]], a: str, b: str, weight: Optio
             continue
         if isinstance(w, bool) or not isinstance(w, (int, float)):
             raise ValueError(f"the weight {weight!r} must be a number, not {w!r}")
-        key = (r[a], r[b])
+        key = tuple(tuple(v) if isinstance(v, list) else v for v in (r[a], r[b]))  # token lists
         cells[key] = cells.get(key, 0.0) + float(w)
-    a_vals = sorted({k[0] for k in cells}, key=_key)
-    b_vals = sorted({k[1] for k in cells}, key=_key)
+    a_vals = sorted({k[0] for k in cells}, key=sort_key)
+    b_vals = sorted({k[1] for k in cells}, key=sort_key)
     table = np.zeros((len(a_vals), len(b_vals)))
     for (x, y), w in cells.items():
         table[a_vals.index(x), b_vals.index(y)] += w
@@ -236,4 +229,4 @@ def chi2_independence(rows: Sequence[Mapping[str, Any]], a: str, b: str, weight:
 
 
 __all__ = ["Estimate", "wilson", "estimate_mean", "probability", "ci_bound", "chi2_independence", "contingency", "Chi2Result", "format_p",
-           "DEFAULT_CONFIDENCE"]
+           "sort_key", "DEFAULT_CONFIDENCE"]

@@ -67,17 +67,9 @@ def token_index(vocab) -> Dict[bytes, List[int]]:
 
 def enumerate_paths(automaton, limit: int = 200_000):
     """Every accepted (tokens, n_prefix_tokens) of a finite token automaton, by depth-first search."""
-    out = []
-    stack = [(automaton.start, (), 0)]
-    while stack:
-        state, toks, npre = stack.pop()
-        if automaton.is_final(state):
-            out.append((toks, npre))
-            if len(out) > limit:
-                raise AssertionError("too many paths")
-        arcs = automaton.arcs(state)
-        for t, n, p in zip(arcs.tokens.tolist(), arcs.targets.tolist(), arcs.prefix.tolist()):
-            stack.append((n, toks + (t,), npre + p))
+    out = list(itertools.islice(automaton.paths(), limit + 1))
+    if len(out) > limit:
+        raise AssertionError("too many paths")
     return out
 
 

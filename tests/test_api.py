@@ -247,6 +247,7 @@ class _Terminal(io.StringIO):
 def test_progress_bar_on_a_terminal_only(monkeypatch):
     from relmql import api
     monkeypatch.setattr(api._Progress, "DELAY", 0)
+    monkeypatch.setattr(api._Progress, "MININTERVAL", 0)
     con = relmql.connect(model="tiny-gpt2", progress=True)
     query = "SELECT text MATCHING '(a|b)(c|d)' USING seed 3 SAMPLE 20"
     err = _Terminal()

@@ -166,6 +166,7 @@ def test_the_kinds_hint_and_the_values_decide():
     ((("text", "n"), [("x", 1)], "p.png", "cumulative"), {}, "the time each row arrived"),
     ((("n",), [(None,)], "p.png", "cdf"), {"kinds": ("number",)}, "no values of n"),
     ((("n",), [(0,)], "p.png", "cdf"), {"log": True}, "positive"),
+    ((("a", "n"), [("x", 0), ("y", 0)], "p.png", "bar"), {"log": True}, "a log scale needs positive values"),
 ])
 def test_errors_are_one_clear_message(tmp_path, args, kw, words):
     columns, rows, name, *kind = args

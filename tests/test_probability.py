@@ -144,13 +144,14 @@ def test_interval_coverage_over_seeds(con):
 
 
 def test_rejection_estimates_are_binomial_with_wilson_intervals(con):
-    base = "SELECT probability() MATCHING '[a-z]{1,2}'"
+    base = "SELECT probability(), count(*) MATCHING '[a-z]{1,2}'"
     exact = con.sql(base).fetchone()[0]
-    ests = [con.sql(base + f" USING sampling exact, seed {s} SAMPLE 400").fetchone()[0] for s in range(25)]
-    for e in ests:
-        assert e.method == "wilson" and e.draws == 400
-        k = round(e * 400)
-        assert (e.low, e.high) == pytest.approx(wilson(k, 400))
+    ests = []
+    for s in range(25):
+        e, hits = con.sql(base + f" USING sampling exact, seed {s} SAMPLE 400").fetchone()
+        assert e.method == "wilson" and e.draws == 400 and e == pytest.approx(hits / 400)  # the share of hits
+        assert (e.low, e.high) == pytest.approx(wilson(hits, 400), rel=1e-9, abs=0)
+        ests.append(e)
     assert sum(e.low <= exact <= e.high for e in ests) >= 21
 
 
@@ -187,6 +188,22 @@ def test_bad_uses_are_clear_errors(con, query, words):
     assert words in e.value.render()
 
 
+def test_equivalent_where_forms_measure_the_same_language(con):
+    """Removing a string from the language: the three ways to write it are compiled alike, so
+    the longer string that begins with it counts instead."""
+    q = "SELECT probability(), count(*) MATCHING 'The cat( sat)?' PREFIX 'The' WHERE "
+    got = [con.sql(q + w).fetchone() for w in ("text NOT MATCHING 'The cat'", "text <> 'The cat'",
+                                                "NOT (text MATCHES 'The cat')")]
+    assert got[0] == got[1] == got[2] and got[0][1] == 1
+    assert got[0][0] == pytest.approx(con.sql("SELECT probability() MATCHING 'The cat sat' PREFIX 'The'").fetchone()[0])
+
+
+def test_an_estimate_with_no_hits_has_an_upper_bound(con):
+    p = con.sql("SELECT probability() MATCHING 'The cat (sat|ran)' PREFIX 'The cat' USING topk 1, exact_limit 0, "
+                "estimate_samples 50").fetchone()[0]
+    assert p == 0 and p.low == 0 and p.high == pytest.approx(wilson(0, 50)[1])
+
+
 def test_interval_functions(con):
     row = con.sql("SELECT probability() AS p, ci_low(probability()), ci_high(probability()), count(*), "
                   "wilson_low(count(*), 100), wilson_high(3, 10, 0.9) MATCHING 'The cat (sat|ran) (down|up)' "
@@ -196,17 +213,21 @@ def test_interval_functions(con):
     assert wl == pytest.approx(wilson(n, 100)[0]) and wh == pytest.approx(wilson(3, 10, 0.9)[1])
 
 
-def test_edit_position_is_where_the_text_leaves_the_language(con):
-    rows = con.sql("SELECT text, edits, edit_position MATCHING 'The cat sat' PREFIX 'The' "
-                        "USING edits 1, edit_scope completion, max_nodes 300 LIMIT 40").fetchall()
-    assert any(e for _, e, _ in rows)
+@pytest.mark.parametrize("pattern,prefix", [("The cat sat", "The"), ("The (cat|dog) (sat|ran)", "The")])
+def test_edit_position_is_where_the_text_leaves_the_language(con, pattern, prefix):
+    """The first edit is where the text stops being the beginning of any unedited string
+    (brute force over the unedited strings, listed by hand)."""
+    strings = [f"The {a} {b}" for a in ("cat", "dog") for b in ("sat", "ran")] if "|" in pattern else ["The cat sat"]
+    rows = con.sql(f"SELECT text, edits, edit_position MATCHING '{pattern}' PREFIX '{prefix}' "
+                   "USING edits 1, edit_scope completion, seed 4 SAMPLE 150").fetchall()
+    assert sum(e for _, e, _ in rows) > 50
     for text, edits, pos in rows:
         if not edits:
             assert pos is None
             continue
-        target = "The cat sat"
-        assert text[:pos] == target[:pos] and (pos == len(text) or pos == len(target) or
-                                               text[pos] != target[pos])
+        longest = max(next((i for i in range(min(len(s), len(text))) if s[i] != text[i]), min(len(s), len(text)))
+                      for s in strings)
+        assert pos == longest, (text, pos, longest)
 
 
 def levenshtein(a: str, b: str) -> int:
@@ -216,6 +237,19 @@ def levenshtein(a: str, b: str) -> int:
         for j, y in enumerate(b, 1):
             prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
     return row[-1]
+
+
+def test_edited_non_ascii_rows_keep_their_groups(con):
+    """One character edit of é is two byte edits; the groups are still found."""
+    from relmql.engine import unedited_match
+    assert unedited_match("café (?P<x>au lait|noir)", "cafe noir", 1)["x"] == "noir"
+    assert unedited_match("café (?P<x>au lait|noir)", "cafè au lait", 1)["x"] == "au lait"
+    assert unedited_match("café (?P<x>au lait|noir)", "cafe nor", 1) is None  # two edits away
+    rows = con.sql("SELECT text, edits, x MATCHING 'Un café (?P<x>noir|crème)' PREFIX 'Un' "
+                   "USING edits 1, seed 1 SAMPLE 60").fetchall()
+    for text, edits, x in rows:
+        dist = {v: levenshtein(text, f"Un café {v}") for v in ("noir", "crème")}
+        assert min(dist.values()) == edits and dist[x] == edits, (text, x)
 
 
 def test_edited_rows_keep_the_groups_of_the_nearest_unedited_string(con):
@@ -319,7 +353,30 @@ def test_test_clause_on_exact_probabilities(con):
     assert "1,000 draws per gender" in r.test.summary()
 
 
+def test_test_weighs_by_probabilities_before_counts(con):
+    r = con.sql(f"SELECT gender, field, count(*) AS n, probability() AS p {GF} GROUP BY gender, field "
+                "TEST INDEPENDENCE OF gender, field")
+    assert r.test_plan.weight == "p" and r.test.scaled and r.test.statistic > 0
+
+
+def test_test_draws_of_a_dataset_query(con, tmp_path):
+    data = tmp_path / "g.jsonl"
+    data.write_text('{"w": "man"}\n{"w": "woman"}\n')
+    r = con.sql("SELECT :w AS w, group(1) AS f, probability() AS p MATCHING 'The ' || :w || ' was (good|bad|ok)' "
+                f"PREFIX 'The ' || :w || ' was' USING test_draws 10 GROUP BY 1, 2 TEST INDEPENDENCE OF w, f "
+                f"FOR EACH ROW IN '{data}'")
+    assert r.test.n_per_row == 10 and r.test.n == pytest.approx(20)
+    assert {w for w, _, _ in r.fetchall()} == {"man", "woman"}
+
+
+def test_test_over_token_lists(con):
+    t = con.sql("SELECT tokens, text MATCHING 'The (cat|dog) (sat|ran)' PREFIX 'The' SAMPLE 40 "
+                "TEST INDEPENDENCE OF tokens, text").test
+    assert t.dof >= 1
+
+
 @pytest.mark.parametrize("query,words", [
+    ("SELECT probability() MATCHING 'a(b|c)' USING confidence 1", "confidence must be less than 1"),
     (f"SELECT gender, field, count(*) {GF} SAMPLE 5 GROUP BY 1, 2 TEST INDEPENDANCE OF gender, field",
      "did you mean TEST INDEPENDENCE"),
     (f"SELECT gender, count(*) {GF} SAMPLE 5 GROUP BY 1 TEST INDEPENDENCE OF gender, field", "not one"),

@@ -134,6 +134,16 @@ def viable_length(dfa: ByteDFA, start: int, data: bytes) -> int:
     return len(data)
 
 
+def levenshtein(a: str, b: str) -> int:
+    """The edit distance of two strings (insertions, deletions, substitutions of characters)."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        diag, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            diag, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diag + (x != y))
+    return row[-1]
+
+
 def nearest(dfa: ByteDFA, start: int, data: bytes, max_edits: int) -> Optional[bytes]:
     """A string of ``dfa`` within ``max_edits`` insertions, deletions and substitutions of
     ``data`` with the fewest edits (None if there is none): a 0-1 breadth-first search over

@@ -396,6 +396,18 @@ class TokenAutomaton:
                     todo.append(t)
         return Stats(len(seen), narcs, time.perf_counter() - t0)
 
+    def paths(self):
+        """Every accepted (tokens, number of prefix tokens) of a finite automaton, depth first
+        (an infinite one never ends: bound it with ``itertools.islice``)."""
+        stack = [(self.start, (), 0)]
+        while stack:
+            state, toks, npre = stack.pop()
+            if self.is_final(state):
+                yield toks, npre
+            arcs = self.arcs(state)
+            for t, n, p in zip(arcs.tokens.tolist(), arcs.targets.tolist(), arcs.prefix.tolist()):
+                stack.append((n, toks + (t,), npre + p))
+
     def count_paths(self, state: int, max_tokens: int, prefix_only: bool = False) -> int:
         """The number of accepted token paths of at most ``max_tokens`` tokens from ``state``
         (with ``prefix_only``: paths to the end of the prefix). Cycles are unrolled."""

@@ -155,19 +155,20 @@ class Measure:
     seed: int = 0
     mode: str = "local"
     max_tokens: int = 64
-    batch_size: int = 32
+    batch_size: Optional[int] = None  # default: 32 nodes (exact) or 64 draws (estimate) per model call
     max_prefix_tokens: int = MAX_PREFIX_TOKENS
     confidence: float = 0.95
 
     def exact(self) -> ShortestPath:
-        """The traversal that sums exactly."""
-        return ShortestPath(max_tokens=self.max_tokens, batch_size=self.batch_size,
+        """The traversal that sums exactly (in order of total probability: the order does not
+        matter for a sum, and this one needs no prefix's distribution before the first row)."""
+        return ShortestPath(order="total_prob", max_tokens=self.max_tokens, batch_size=self.batch_size or 32,
                             max_prefix_tokens=self.max_prefix_tokens, first_match=True)
 
     def estimate(self) -> Sample:
         """The traversal that estimates."""
         return Sample(self.samples, seed=self.seed, mode=self.mode, max_tokens=self.max_tokens,
-                      batch_size=max(self.batch_size, 64), max_prefix_tokens=self.max_prefix_tokens, misses=True,
+                      batch_size=self.batch_size or 64, max_prefix_tokens=self.max_prefix_tokens, misses=True,
                       first_match=True)
 
     def check(self) -> "Measure":

@@ -150,6 +150,9 @@ def _bar(fig, ax, columns, rows, roles, times, log) -> str:
             raise Error(f"a bar chart takes one row per bar; several rows have {where}",
                         hint=f"GROUP BY {columns[x]}" + (f", {columns[hue]}" if hue is not None else ""))
         cells[key] = r[y]
+    if log and not any(v is not None and v > 0 for v in cells.values()):
+        raise Error(f"a log scale needs positive values of {columns[y]}; there are none",
+                    hint="leave out the log scale")
     fig.set_size_inches(min(18.0, max(6.4, 1.5 + len(xs) * (0.15 * len(hues) + 0.25))), 4.8)
     width, interval = 0.8 / len(hues), None
     for j, h in enumerate(hues):

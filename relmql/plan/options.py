@@ -32,6 +32,7 @@ class OptionSpec:
     low: Optional[float] = None
     high: Optional[float] = None
     low_open: bool = False
+    high_open: bool = False
     session_only: bool = False
 
     def check(self, value, span=None, source=None):
@@ -80,8 +81,8 @@ class OptionSpec:
                 raise bad(f"is a finite number, not {value!r}")
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
             raise bad(f"must be {'more than' if self.low_open else 'at least'} {self.low:g}, not {value!r}")
-        if self.high is not None and value > self.high:
-            raise bad(f"must be at most {self.high:g}, not {value!r}")
+        if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
+            raise bad(f"must be {'less than' if self.high_open else 'at most'} {self.high:g}, not {value!r}")
         return value
 
 
@@ -119,7 +120,7 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
     OptionSpec("estimate_samples", "int", 1000, "traversal",
                "probability(): the draws behind an estimate (SAMPLE n sets them and always estimates)", low=1),
     OptionSpec("confidence", "float", 0.95, "traversal", "the confidence level of intervals and estimates",
-               low=0, high=1, low_open=True),
+               low=0, high=1, low_open=True, high_open=True),
     OptionSpec("test_draws", "int", 5000, "test",
                "TEST INDEPENDENCE over probabilities: how many draws per value of the first variable they "
                "stand for (the ReLM paper drew 5000 per gender)", low=1),

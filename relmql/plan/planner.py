@@ -232,7 +232,7 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
                             samples=_count(query.sample, params, source, "SAMPLE") if sampled
                             else opts["estimate_samples"],
                             seed=opts["seed"], mode=opts["sampling"], max_tokens=opts["max_tokens"],
-                            batch_size=opts["batch_size"] or 32, max_prefix_tokens=opts["max_prefix_tokens"],
+                            batch_size=opts["batch_size"], max_prefix_tokens=opts["max_prefix_tokens"],
                             confidence=opts["confidence"])
         if traversal.samples < 1:
             raise PlanError("an estimate needs at least one sample", query.sample.span, source)
@@ -368,14 +368,17 @@ def _test(test: Optional[A.Test], outputs, aggregate: bool, source: str, draws: 
     a, b = column(test.a), column(test.b)
     if a.name == b.name:
         raise PlanError("a test of independence needs two different columns", test.b.span, source)
-    weight = next((o for o in outputs if o not in (a, b) and is_aggregate(o.expr)), None)
+    def probabilities(o: Output) -> bool:
+        return any((isinstance(n, A.Call) and n.name == "probability") or
+                   (isinstance(n, A.Column) and n.name in ("prob", "total_prob")) for n in o.expr.walk())
+
+    weights = [o for o in outputs if o not in (a, b) and is_aggregate(o.expr)]
+    weight = next((o for o in weights if probabilities(o)), weights[0] if weights else None)
     if weight is None and aggregate:
         raise PlanError("TEST over grouped rows needs a count(*), sum(...) or probability() column to weigh "
                         "the cells", test.span, source)
-    probabilities = weight is not None and any(
-        (isinstance(n, A.Call) and n.name == "probability") or (isinstance(n, A.Column) and n.name in ("prob", "total_prob"))
-        for n in weight.expr.walk())
-    return TestPlan(a.name, b.name, weight.name if weight else None, draws if probabilities else None)
+    return TestPlan(a.name, b.name, weight.name if weight else None,
+                    draws if weight is not None and probabilities(weight) else None)
 
 
 def _refers_to_row(node: A.Node) -> bool:
@@ -412,7 +415,14 @@ def _where(query: A.Query, source: str, params, groups, opts) -> Tuple[Optional[
 
 
 def _exclusion(node: A.Node, params, source) -> Optional[str]:
-    """``text NOT MATCHING 'r'`` and ``text NOT IN ('a', ...)`` with constant right sides: regexes."""
+    """``text NOT MATCHING 'r'``, ``NOT (text MATCHES 'r')``, ``text NOT IN ('a', ...)`` and
+    ``text <> 'a'`` with constant right sides: regexes."""
+    if isinstance(node, A.Unary) and node.op == "NOT" and isinstance(node.operand, A.Matches):
+        node = A.Matches(node.operand.operand, node.operand.pattern, not node.operand.negated, node.span)
+    if isinstance(node, A.Binary) and node.op == "<>" and node.left == A.Column("text") and \
+            not _refers_to_row(node.right):
+        value = constant(node.right, params, source, "<>")
+        return escape(value) if isinstance(value, str) else None
     if isinstance(node, A.Matches) and node.negated and node.operand == A.Column("text"):
         if _refers_to_row(node.pattern):
             return None
@@ -457,9 +467,13 @@ def _plan_dataset(query: A.Query, source: str, settings, params) -> DatasetPlan:
             except Error:
                 groups = ()
     outputs, aggregate, group_by = _select(query, source, groups)
+    draws = settings["test_draws"]
+    for o in query.using:  # TEST applies to all data rows: its option is read once, not per row
+        if o.name == "test_draws" and o.value is not None:
+            draws = option("test_draws").check(constant(o.value, params, source, "USING test_draws"), o.value.span,
+                                               source)
     return DatasetPlan(source, query, path, tuple(settings.items()), tuple(params.items()), outputs, aggregate,
-                       group_by, d.where, row_limit, _test(query.test, outputs, aggregate, source,
-                                                           settings["test_draws"]))
+                       group_by, d.where, row_limit, _test(query.test, outputs, aggregate, source, draws))
 
 
 def iter_rows(path: str, source: str = "", span=None) -> Iterator[Dict[str, Any]]:
