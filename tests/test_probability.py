@@ -463,3 +463,17 @@ def test_progress_for_every_kind_of_query(con, monkeypatch, query, shows):
     monkeypatch.setattr(sys, "stderr", err)
     session.sql(query).fetchall()
     assert re.search(shows, err.buf.getvalue()), err.buf.getvalue()
+
+
+def test_shell_shows_estimates_and_the_test(con, tmp_path, monkeypatch):
+    from test_repl import CTRL_D, drive
+    monkeypatch.setenv("RELMQL_HISTORY", str(tmp_path / "history"))
+    keys = (f"SELECT gender, field, count(*) AS n {GF} SAMPLE 60 GROUP BY 1, 2 TEST INDEPENDENCE OF gender, field;\r"
+            "SELECT probability() AS p MATCHING 'The cat (sat|ran) (down|up)' PREFIX 'The cat' "
+            "USING exact_limit 0, estimate_samples 40;\r"
+            f"SELECT gender, count(*) {GF} SAMPLE 5 GROUP BY 1 TEST INDEPENDENCE OF gender, nope;\r" + CTRL_D)
+    code, screen = drive(con, keys, columns=160)
+    assert code == 0 and "Traceback" not in screen
+    assert re.search(r"χ² test of independence of gender and field: χ² = [0-9.]+, dof = 2, p = ", screen)
+    assert "probability() estimated from 40 draws" in screen
+    assert "TEST compares output columns; nope is not one" in screen and "^^^^" in screen
