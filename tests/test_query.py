@@ -180,6 +180,8 @@ def _explain(con, text):
      lambda r: not re.fullmatch("The .*", r["text"]) and not re.fullmatch(".* ran", r["text"])),
     ("text NOT IN ('The cat sat', 'A dog ran', 'not a member')",
      lambda r: r["text"] not in ("The cat sat", "A dog ran")),
+    ("NOT text MATCHES '.*i.*'", lambda r: "i" not in r["text"]),
+    ("text <> 'The cat sat'", lambda r: r["text"] != "The cat sat"),
 ])
 def test_exclusions_compiled_into_the_automaton(con, where, keep):
     plan = _explain(con, f"SELECT text {Q} WHERE {where}")
@@ -199,7 +201,7 @@ def test_exclusions_compiled_into_the_automaton(con, where, keep):
     ("group(2) NOT IN ('cat')", lambda r: re.fullmatch(LANG, r["text"]).group(2) != "cat"),
     ("verb = 'ran' OR det = 'A'", lambda r: r["text"].endswith("ran") or r["text"].startswith("A ")),
     ("text MATCHES '.*i.*'", lambda r: "i" in r["text"]),
-    ("NOT text MATCHES '.*i.*' AND det = 'The'", lambda r: "i" not in r["text"] and r["text"].startswith("The ")),
+    ("NOT (text MATCHES '.*i.*' AND det = 'The')", lambda r: not ("i" in r["text"] and r["text"].startswith("The "))),
     ("logprob > :cut", None),
 ])
 def test_row_filters(con, where, keep):
