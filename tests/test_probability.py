@@ -11,6 +11,7 @@ import pytest
 from scipy import stats as sstats
 
 from relmql.automata import CompileOptions, compile
+from relmql.automata.language import levenshtein
 from relmql.errors import Error
 from relmql.stats import Estimate, chi2_independence, estimate_mean, wilson
 
@@ -230,13 +231,11 @@ def test_edit_position_is_where_the_text_leaves_the_language(con, pattern, prefi
         assert pos == longest, (text, pos, longest)
 
 
-def levenshtein(a: str, b: str) -> int:
-    row = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        prev, row[0] = row[0], i
-        for j, y in enumerate(b, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
-    return row[-1]
+def test_levenshtein_distances():
+    cases = [("kitten", "sitting", 3), ("", "abc", 3), ("abc", "abc", 0), ("flaw", "lawn", 2), ("café", "cafe", 1),
+             ("intention", "execution", 5)]
+    for a, b, d in cases:
+        assert levenshtein(a, b) == levenshtein(b, a) == d
 
 
 def test_edited_non_ascii_rows_keep_their_groups(con):
