@@ -17,11 +17,10 @@ from .errors import Error, closest
 from .models import BUILTIN_MODELS, LanguageModel, load_model
 from .output import render_table
 from .output.format import format_value
-from .plan import (OPTIONS, DatasetPlan, ModelRef, PlanError, QueryPlan, constant, defaults, option, plan, plan_row,
-                   selected_rows)
-from .plan.planner import TestPlan
-from .stats import Chi2Result, chi2_independence
+from .plan import (OPTIONS, DatasetPlan, ModelRef, PlanError, QueryPlan, TestPlan, constant, defaults, option, plan,
+                   plan_row, selected_rows)
 from .plan.explain import explain as explain_plan
+from .stats import Chi2Result, chi2_independence
 from .syntax import ast as A
 from .syntax import parse
 
@@ -54,6 +53,7 @@ class Result:
         self.times: List[float] = []  # seconds from the first read to each row's arrival
         self._t0: Optional[float] = None
         self.test_plan = test
+        self._test: Optional[Chi2Result] = None
 
     # -- reading
     def _next(self) -> Optional[tuple]:
@@ -168,7 +168,7 @@ class Result:
         t = self.test_plan
         if t is None:
             return None
-        if not hasattr(self, "_test"):
+        if self._test is None:
             self._test = self.chi2(t.a, t.b, t.weight, t.n_per_row)
         return self._test
 

@@ -5,9 +5,9 @@ Entry point: ``plan(query, source, settings, params)``.
 
 from .expr import AGGREGATES, FUNCTIONS, Env, escape, evaluate
 from .options import OPTIONS, OptionSpec, PlanError, defaults, option
-from .planner import (DatasetPlan, ModelRef, Output, Plan, QueryPlan, constant, iter_rows, plan, plan_row,
+from .planner import (DatasetPlan, ModelRef, Output, Plan, QueryPlan, TestPlan, constant, iter_rows, plan, plan_row,
                       row_selected, selected_rows)
 
-__all__ = ["plan", "plan_row", "row_selected", "selected_rows", "constant", "iter_rows", "QueryPlan", "DatasetPlan", "Plan", "ModelRef", "Output",
+__all__ = ["plan", "plan_row", "row_selected", "selected_rows", "constant", "iter_rows", "QueryPlan", "DatasetPlan", "Plan", "ModelRef", "Output", "TestPlan",
            "OPTIONS", "OptionSpec", "PlanError", "defaults", "option", "FUNCTIONS", "AGGREGATES", "Env", "escape",
            "evaluate"]

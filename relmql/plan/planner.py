@@ -368,6 +368,7 @@ def _test(test: Optional[A.Test], outputs, aggregate: bool, source: str, draws: 
     a, b = column(test.a), column(test.b)
     if a.name == b.name:
         raise PlanError("a test of independence needs two different columns", test.b.span, source)
+
     def probabilities(o: Output) -> bool:
         return any((isinstance(n, A.Call) and n.name == "probability") or
                    (isinstance(n, A.Column) and n.name in ("prob", "total_prob")) for n in o.expr.walk())
