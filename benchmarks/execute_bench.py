@@ -140,7 +140,9 @@ class UrlJudge:
 
     def domain(self, url: str) -> str:
         ext = self.extract(url)
-        return getattr(ext, "top_domain_under_public_suffix", None) or ext.registered_domain
+        if hasattr(ext, "top_domain_under_public_suffix"):  # tldextract ≥ 5.3 renamed it
+            return ext.top_domain_under_public_suffix
+        return ext.registered_domain
 
     def valid(self, url: str) -> bool:
         return bool(self.regex.fullmatch(url)) and self.domain(url) in self.domains

@@ -19,6 +19,9 @@ def _builtin() -> Dict[str, Callable[..., LanguageModel]]:
 
 BUILTIN_MODELS = ("smollm2-135m", "tiny-gpt2")
 
+# The paper's models by their short names: loaded from the Hugging Face cache (or downloaded).
+HUB_ALIASES = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}
+
 
 def load_model(name: str = DEFAULT_MODEL, device: Optional[str] = None, dtype: Optional[str] = None) -> LanguageModel:
     """A model by name: a built-in one, a local directory, or a Hugging Face hub id.
@@ -29,13 +32,14 @@ def load_model(name: str = DEFAULT_MODEL, device: Optional[str] = None, dtype: O
     builtin = _builtin()
     if name in builtin:
         return builtin[name](device=device, dtype=dtype)
+    name = HUB_ALIASES.get(name, name)
     if os.path.isdir(name) or "/" in name:
         from .hf import TransformersModel
         return TransformersModel.from_pretrained(name, device=device, dtype=dtype)
-    near = closest(name, BUILTIN_MODELS)
+    near = closest(name, BUILTIN_MODELS + tuple(HUB_ALIASES))
     raise ModelError(f"unknown model {name!r}" + (f"; did you mean {near!r}?" if near else ""),
                      hint=f"built-in models: {', '.join(BUILTIN_MODELS)}; or give a local directory "
-                          "or a Hugging Face model id such as gpt2 written as openai-community/gpt2")
+                          "or a Hugging Face model id (gpt2 and gpt2-xl stand for openai-community/...)")
 
 
 __all__ = ["LanguageModel", "ModelState", "Vocabulary", "load_model", "BUILTIN_MODELS", "DEFAULT_MODEL"]
