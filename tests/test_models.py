@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import re
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,6 +97,11 @@ def test_unknown_models_and_options_fail_cleanly():
     with pytest.raises(ModelError, match="network"):
         load_model("someone/not-a-model")
     assert time.perf_counter() - t < 15
+    if not (Path.home() / ".cache" / "huggingface" / "hub" / "models--openai-community--gpt2").exists():
+        with pytest.raises(ModelError, match="openai-community/gpt2"):  # the paper's names are hub ids
+            load_model("gpt2")
+    with pytest.raises(ModelError, match="did you mean 'gpt2-xl'"):
+        load_model("gpt2xl")
     with pytest.raises(ModelError, match="dtype"):
         load_model("tiny-gpt2", dtype="float8")
     with pytest.raises(ModelError, match="device"):

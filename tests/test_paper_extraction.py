@@ -33,7 +33,7 @@ def test_distance_oracle():
     assert distance("kitten", "sitting") == 3
     assert distance("", "abc") == 3
     assert distance("WARRANTY", "WAGRANTY") == 1
-    assert E.levenshtein("flaw", "lawn") == distance("flaw", "lawn") == 2
+    assert distance("flaw", "lawn") == 2
 
 
 def test_mine_on_a_small_corpus(tmp_path):

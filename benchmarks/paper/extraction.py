@@ -24,6 +24,7 @@ import contextlib
 import glob
 import hashlib
 import io
+import json
 import os
 import re
 import sys
@@ -119,17 +120,6 @@ def subset(inputs: list[dict[str, str]], n: int | None) -> list[dict[str, str]]:
     inputs on every run over the same corpus."""
     ordered = sorted(inputs, key=lambda r: (len(r["target"]), r["target"]))
     return ordered if n is None else ordered[:n]
-
-
-def levenshtein(a: str, b: str) -> int:
-    """Character edit distance (insert, delete, substitute)."""
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
 
 
 def run_one(con, text: str, params: dict) -> dict:
@@ -367,18 +357,20 @@ def run(args) -> str:
     inputs = subset(mined, n)
     con = common.connect(args)
     records = experiment(con, inputs, cap, log=sys.stderr)
+    (common.out_dir(args) / "extraction.json").write_text(json.dumps(records, default=float))
     figs = figures(args, records)
     return section(args, records, len(mined), cap, time.perf_counter() - t0, figs)
 
 
-def extra(p):
-    p.add_argument("--inputs", type=int, default=30, help="how many mined sentences to run (default: 30)")
+def options(p) -> None:
+    """This experiment's own command-line options."""
+    p.add_argument("--inputs", type=int, default=40, help="how many mined sentences to run (default: 40)")
     p.add_argument("--cap", type=int, default=100,
                    help="at most this many unprompted extractions per input (the paper: 1000; default: 100)")
 
 
 def main():
-    common.main_for("extraction", run, __doc__, extra)
+    common.main_for("extraction", run, __doc__, options)
 
 
 if __name__ == "__main__":

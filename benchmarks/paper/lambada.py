@@ -38,23 +38,31 @@ def rows_for(name: str, args) -> int:
 
 
 def evaluate(con, args) -> Dict[str, Dict]:
-    """Every variant's rows, accuracy and time."""
+    """Every variant's rows, accuracy and time. Each variant's results are kept in
+    lambada.cache.json as soon as it ends, and one whose statement is there is not run again:
+    an interrupted run goes on where it stopped (delete the file to start afresh)."""
+    cache_path = common.out_dir(args) / "lambada.cache.json"
+    cache = json.loads(cache_path.read_text()) if cache_path.exists() and not args.smoke else {}
     out = {}
     for name, text in common.statements(common.HERE / "lambada.rql"):
         n = rows_for(name, args)
-        if n <= 0:
+        if n <= 0 or (getattr(args, "variants", None) and name not in args.variants.split(",")):
             continue
-        t0 = time.perf_counter()
         assert text.rstrip(";").endswith("LIMIT 500"), "the dataset clause ends each statement"
         text = text.rstrip(";")[:-len("LIMIT 500")] + f"LIMIT {n}"
         if args.smoke:
             text = text.replace("max_nodes 2000", "max_nodes 100")
-        rows = con.sql(text).fetchall()
-        seconds = time.perf_counter() - t0
-        out[name] = {"rows": [dict(row=r[0], answer=r[1], prediction=r[2], prob=r[3]) for r in rows],
-                     "seconds": seconds}
-        hits = sum(r[1] == r[2] for r in rows)
-        print(f"lambada {name}: {hits}/{len(rows)} in {seconds:.0f} s", flush=True)
+        key = f"{args.model} {args.dtype} {text}"
+        if key not in cache:
+            t0 = time.perf_counter()
+            rows = con.sql(text).fetchall()
+            cache[key] = {"rows": [{"row": r[0], "answer": r[1], "prediction": r[2], "prob": r[3]} for r in rows],
+                          "seconds": time.perf_counter() - t0}
+            if not args.smoke:
+                cache_path.write_text(json.dumps(cache))
+        out[name] = cache[key]
+        hits = sum(r["answer"] == r["prediction"] for r in out[name]["rows"])
+        print(f"lambada {name}: {hits}/{len(out[name]['rows'])} in {out[name]['seconds']:.0f} s", flush=True)
     return out
 
 
@@ -163,10 +171,11 @@ def run(args) -> str:
 def options(p) -> None:
     """This experiment's own command-line options."""
     p.add_argument("--rows", type=int, default=500, help="rows of baseline and words (default: 500)")
-    p.add_argument("--slow-rows", type=int, default=100,
-                   help="rows of the line-break-terminated variants (default: 100)")
-    p.add_argument("--eos-rows", type=int, default=20,
-                   help="rows of the end-of-text-terminated variants (default: 20)")
+    p.add_argument("--slow-rows", type=int, default=50,
+                   help="rows of the line-break-terminated variants (default: 50)")
+    p.add_argument("--variants", help="run only these variants (names of lambada.rql, comma-separated)")
+    p.add_argument("--eos-rows", type=int, default=10,
+                   help="rows of the end-of-text-terminated variants (default: 10)")
 
 
 def main() -> None:

@@ -5,8 +5,8 @@
     python benchmarks/paper/run.py --model gpt2       # GPT-2 from the local Hugging Face cache
 
 Each experiment also runs alone (``python benchmarks/paper/lambada.py --help``) and writes its
-section into docs/paper/NAME.md; this script puts the sections into docs/paper-results.md,
-which is built from docs/paper-results.template.md.
+section into docs/paper/NAME.md; this script then puts every section into
+docs/paper-results.md, built from docs/paper-results.template.md (``--assemble``: only that).
 """
 
 from __future__ import annotations
@@ -21,42 +21,34 @@ import common
 EXPERIMENTS = ("memorization", "bias", "extraction", "lambada")
 
 
-def _mark(tag: str, body: str) -> str:
-    return f"<!-- {tag} -->\n{body}\n<!-- {tag} -->"
-
-
-def _old(text: str, tag: str) -> str:
-    parts = text.split(f"<!-- {tag} -->")
-    return parts[1].strip("\n") if len(parts) >= 3 else "(not run yet)"
-
-
-def assemble(sections: dict, target: Path) -> None:
-    """Fill the template with the given sections, keeping the old text of the others."""
+def assemble(folder: Path, target: Path) -> None:
+    """Fill the template with each experiment's last section (``folder/NAME.md``)."""
     text = (common.DOCS / "paper-results.template.md").read_text(encoding="utf-8")
-    old = target.read_text(encoding="utf-8") if target.exists() else ""
     for name in EXPERIMENTS:
-        body = sections.get(name) or _old(old, name)
-        text = text.replace("{{" + name + "}}", _mark(name, body))
+        path = folder / f"{name}.md"
+        body = path.read_text(encoding="utf-8").strip("\n") if path.exists() else "(not run yet)"
+        text = text.replace("{{" + name + "}}", f"<!-- {name}: written by benchmarks/paper/run.py -->\n{body}\n"
+                                                f"<!-- end of {name} -->")
     target.write_text(text, encoding="utf-8")
 
 
 def main() -> None:
     p = common.parser(__doc__)
     p.add_argument("--only", choices=EXPERIMENTS, action="append", help="run this experiment (repeatable)")
+    p.add_argument("--assemble", action="store_true",
+                   help="run nothing: rebuild docs/paper-results.md from the sections in --out")
     modules = {name: importlib.import_module(name) for name in EXPERIMENTS}
     for module in modules.values():  # each experiment's own options
         module.options(p)
     args = p.parse_args()
-    sections = {}
-    for name in args.only or EXPERIMENTS:
+    for name in [] if args.assemble else args.only or EXPERIMENTS:
         t0 = time.perf_counter()
-        module = modules[name]
-        sections[name] = module.run(args)
-        (common.out_dir(args) / f"{name}.md").write_text(sections[name] + "\n", encoding="utf-8")
+        section = modules[name].run(args)
+        (common.out_dir(args) / f"{name}.md").write_text(section + "\n", encoding="utf-8")
         print(f"{name}: {(time.perf_counter() - t0) / 60:.1f} min", file=sys.stderr, flush=True)
-    target = common.DOCS / "paper-results.md"
     if not args.smoke:
-        assemble(sections, target)
+        target = common.DOCS / "paper-results.md"
+        assemble(common.out_dir(args), target)
         print(f"wrote {target}", file=sys.stderr)
 
 
