@@ -36,7 +36,7 @@ def measure(con, args) -> Dict[str, List[dict]]:
             text = text.replace("SAMPLE 5000", "SAMPLE 40").replace("SAMPLE 10000", "SAMPLE 80")
             text = text.replace("SAMPLE 1000", "SAMPLE 40")
             if name.startswith("exact"):
-                text = text.replace("estimate_samples 10000", "estimate_samples 40")
+                text = text.replace("estimate_samples 10000, ", "")
                 text = text.replace("seed 0", "seed 0, exact_limit 200, estimate_samples 40")
         if f"{key} {text}" in cache:
             rows = cache[f"{key} {text}"]
