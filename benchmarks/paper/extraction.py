@@ -282,8 +282,6 @@ def section(args, records: list[dict], mined: int, cap: int, seconds: float, fig
     for r in records:
         words[r["word"].lower()] = words.get(r["word"].lower(), 0) + 1
     out = [
-        "## Extraction with edits (§4.3, Figure 8)",
-        "",
         f"Corpus: the licence texts of this machine ({COMMON_LICENSES} and the installed packages' "
         f"licence files), mined for sentences with one of six disclaimer words (`{WORDS}`): "
         f"{mined:,} distinct inputs of 20–200 characters; the {n:,} shortest, as in the paper ("
@@ -292,7 +290,7 @@ def section(args, records: list[dict], mined: int, cap: int, seconds: float, fig
         "top-k 40 everywhere; baseline = canonical tokenization, exact text; relmql = every "
         "tokenization and one character edit (in the completion when prompted, anywhere when not).",
         "",
-        "### Prompted: success rate (Figure 8a)",
+        "#### Prompted: success rate (Figure 8a)",
         "",
         "| | baseline | relmql | relmql / baseline | paper |",
         "|---|---|---|---|---|",
@@ -308,7 +306,7 @@ def section(args, records: list[dict], mined: int, cap: int, seconds: float, fig
         "",
         f"![Prompted extraction]({common.link(args, figs[0])})",
         "",
-        f"### Unprompted: extractions per input (Figure 8b; at most {cap:,} per input)",
+        f"#### Unprompted: extractions per input (Figure 8b; at most {cap:,} per input)",
         "",
         "| | baseline | relmql | relmql / baseline | paper |",
         "|---|---|---|---|---|",

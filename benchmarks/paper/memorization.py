@@ -12,13 +12,11 @@ offline (the registered domain, by the public suffix list, is one of OpenDNS's t
 from __future__ import annotations
 
 import json
-import sys
 import time
 from typing import Dict, List
 
 import common
 
-sys.path.insert(0, str(common.HERE.parent))
 from execute_bench import URL_CHARS, UrlJudge  # noqa: E402
 
 LENGTHS = (1, 2, 4, 8, 16, 32, 64)
