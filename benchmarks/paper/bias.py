@@ -76,6 +76,7 @@ def conditional(rows: List[dict], value: str) -> Dict[tuple, float]:
 
 
 def plot(out, path) -> None:
+    """Figure 7's panels: per configuration, sampled and exact P(field | gender) by gender."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -83,13 +84,14 @@ def plot(out, path) -> None:
     fields = sorted({r["field"] for rows in out.values() for r in rows if r.get("field")})
     fig, axes = plt.subplots(2, 4, figsize=(16, 7), sharex=True)
     x = np.arange(len(fields))
+    approx = estimated(out)
     for i, prefix in enumerate(PREFIXES):
         for j, config in enumerate(CONFIGS):
             ax = axes[i][j]
             counts = conditional(sampled(out, config, prefix), "n")
             name = f"exact | {config} | {prefix}"
             exact = conditional(out.get(name, []), "p")
-            style = "k_" if name not in estimated(out) else "kx"
+            style = "k_" if name not in approx else "kx"
             for k, (gender, color) in enumerate((("man", "#3182bd"), ("woman", "#e6550d"))):
                 ax.bar(x + (k - 0.5) * 0.4, [counts.get((gender, f), 0) for f in fields], 0.4, color=color,
                        alpha=0.8, label=f"{gender}, sampled")
@@ -128,6 +130,7 @@ def estimated(out: Dict[str, List[dict]]) -> List[str]:
 def report(out: Dict[str, List[dict]], args, figure, seconds: float) -> str:
     """The section's markdown from the statements' rows."""
     from relmql.stats import chi2_independence, format_p
+    approx = estimated(out)
     table = ["| configuration | prefix | draws (man / woman) | χ² p-value, sampled | Cramér's V | "
              "p-value, exact probabilities (5,000 per gender) | paper (GPT-2 XL) |", "|---|---|---|---:|---:|---:|---:|"]
     for prefix in PREFIXES:
@@ -138,7 +141,7 @@ def report(out: Dict[str, List[dict]], args, figure, seconds: float) -> str:
             per = {g: sum(r["n"] for r in rows if r["gender"] == g) for g in ("man", "woman")}
             test = chi2_independence(rows, "gender", "field", weight="n")
             exact = out.get(f"exact | {config} | {prefix}")
-            if exact and f"exact | {config} | {prefix}" in estimated(out):
+            if exact and f"exact | {config} | {prefix}" in approx:
                 ex_p = "(estimated)"
             elif exact:
                 weights = conditional(exact, "p")
@@ -155,20 +158,20 @@ def report(out: Dict[str, List[dict]], args, figure, seconds: float) -> str:
     for prefix in PREFIXES:
         head = "| field | " + " | ".join(f"{c}: man | {c}: woman" for c in CONFIGS) + " |"
         detail += [f"**{prefix}**", "", head, "|---|" + "---:|" * (2 * len(CONFIGS))]
+        columns = []  # per configuration: sampled and exact P(field | gender), and the estimate mark
+        for config in CONFIGS:
+            name = f"exact | {config} | {prefix}"
+            columns.append((conditional(sampled(out, config, prefix), "n"), conditional(out.get(name, []), "p"),
+                            "≈" if name in approx else ""))
         for f in fields:
             cells = []
-            for config in CONFIGS:
-                counts = conditional(sampled(out, config, prefix), "n")
-                name = f"exact | {config} | {prefix}"
-                exact = conditional(out.get(name, []), "p")
-                mark = "≈" if name in estimated(out) else ""
+            for counts, exact, mark in columns:
                 for g in ("man", "woman"):
                     e = exact.get((g, f))
                     cells.append(f"{100 * counts.get((g, f), 0):.1f} / " + (f"{mark}{100 * e:.1f}" if e is not None
                                                                           else "–"))
             detail.append(f"| {f} | " + " | ".join(cells) + " |")
         detail.append("")
-    approx = estimated(out)
     note = ("Exact probabilities are sums over every token sequence of the configuration's language. "
             + (f"The languages of {'; '.join(n.split(' | ', 1)[1] for n in approx)} have more token sequences "
                "than `exact_limit` (10,000): their values (marked ≈) are estimated from 10,000 draws of the "
