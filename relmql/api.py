@@ -33,12 +33,14 @@ class Result:
 
     Iterate for tuples in SELECT order; ``fetchone()``, ``fetchmany(n)``, ``fetchall()``,
     ``to_dicts()``, ``df()`` (pandas), ``show()``; ``explain()`` for the plan; ``cancel()`` stops
-    a running query (from another thread) before its next model call.
+    a running query (from another thread) before its next model call; ``start()`` begins
+    computing it in the background (Ray engine).
     """
 
     def __init__(self, columns: Sequence[str], rows: Callable[["Result"], Iterator[tuple]], kind: str = "rows",
                  explain: Optional[Callable[[], str]] = None, message: Optional[str] = None,
-                 kinds: Optional[Sequence[str]] = None, test: Optional[TestPlan] = None):
+                 kinds: Optional[Sequence[str]] = None, test: Optional[TestPlan] = None,
+                 start: Optional[Callable[[], None]] = None, stop: Optional[Callable[[], None]] = None):
         self.columns = tuple(columns)
         self.kind = kind  # rows, text (EXPLAIN) or status (SET)
         self.message = message
@@ -54,6 +56,13 @@ class Result:
         self._t0: Optional[float] = None
         self.test_plan = test
         self._test: Optional[Chi2Result] = None
+        self._start, self._stop = start, stop
+
+    def start(self) -> None:
+        """Begin computing the rows now, in the background, where the engine can (the Ray
+        engine queues the work on its workers); in-process, rows are computed as they are read."""
+        if self._start is not None:
+            self._start()
 
     # -- reading
     def _next(self) -> Optional[tuple]:
@@ -182,6 +191,8 @@ class Result:
 
     def cancel(self) -> None:
         self.cancelled.set()
+        if self._stop is not None:
+            self._stop()
 
     def __len__(self) -> int:
         return sum(1 for _ in self)  # not len(list(self)): list() asks __len__ first
@@ -227,24 +238,53 @@ class Connection:
     """A session: a default model, option settings (``SET``) and the models loaded so far.
 
     ``connect(model="tiny-gpt2", device="cpu", seed=0, topk=40)``: any option of ``SHOW OPTIONS``
-    may be given as a keyword. ``progress``: show progress bars on stderr for long queries.
+    may be given as a keyword. ``engine="ray"`` runs queries on the workers of a Ray cluster
+    (``address``: which one; see ``docs/ray.md``). ``progress``: show progress bars on stderr for
+    long queries.
     """
 
     def __init__(self, model: Optional[str] = None, device: Optional[str] = None, dtype: Optional[str] = None,
-                 seed: Optional[int] = None, progress: bool = False, **options):
+                 seed: Optional[int] = None, progress: bool = False, engine: Optional[str] = None,
+                 address: Optional[str] = None, **options):
         self.settings: Dict[str, Any] = defaults()
-        given = dict(options, model=model, device=device, dtype=dtype, seed=seed)
+        self._models: Dict[tuple, LanguageModel] = {}
+        self._cluster = None
+        given = dict(options, model=model, device=device, dtype=dtype, seed=seed, ray_address=address, engine=engine)
         for name, value in given.items():
             if value is not None:
                 self.set(name, value)
         self.progress = progress
-        self._models: Dict[tuple, LanguageModel] = {}
 
     # -- settings
-    def set(self, name: str, value) -> None:
+    def set(self, name: str, value, span=None, source=None) -> None:
         """``SET name = value``."""
         spec = option(name)
-        self.settings[spec.name] = spec.check(value)
+        value = spec.check(value, span, source)
+        if spec.name == "engine" and value == "ray":
+            from .cluster import require_ray
+            try:
+                require_ray()
+            except Error as e:
+                e.span, e.source = span, source
+                raise
+        if spec.name == "threads" and value is not None:
+            import torch
+            torch.set_num_threads(value)
+        self.settings[spec.name] = value
+
+    def cluster(self):
+        """The Ray engine's workers for the current settings (started on first use)."""
+        from .cluster import Cluster
+        s = self.settings
+        key = (s["ray_address"], s["workers"], s["device"] != "cpu", s["threads"])
+        if self._cluster is not None and self._cluster.key != key:
+            self._cluster.close()
+            self._cluster = None
+        if self._cluster is None:
+            preload = ModelRef(s["model"], s["device"], s["dtype"])
+            self._cluster = Cluster(s["ray_address"], s["workers"], s["device"], preload, s["threads"])
+            print(f"ray: {self._cluster.where}", file=sys.stderr)
+        return self._cluster
 
     # -- models
     def model(self, ref: Optional[ModelRef] = None) -> LanguageModel:
@@ -284,7 +324,7 @@ class Connection:
                 value = st.value.name
             else:
                 value = constant(st.value, dict(params or {}), text, "SET")
-            self.settings[spec.name] = spec.check(value, st.value.span, text)
+            self.set(spec.name, value, st.value.span, text)
             shown = self.settings[spec.name]
             return Result((), lambda r: iter(()), kind="status", message=f"SET {spec.name} = {shown}")
         if isinstance(st, A.Show):
@@ -293,19 +333,23 @@ class Connection:
 
     def _query(self, st: A.Query, text: str, params) -> Result:
         p = plan(st, text, self.settings, params)
+        remote = self.cluster().statement(p) if self.settings["engine"] == "ray" else None
 
         def rows(result: Result) -> Iterator[tuple]:
             from .engine import load, run
-            if isinstance(p, QueryPlan):
+            if isinstance(p, QueryPlan) and remote is None:
                 load(p, self.model)  # before the clock starts: row times are the query's own
                 result._t0 = time.perf_counter()
             bar = _Progress(self.progress)
             try:
-                yield from run(p, self.model, result.cancelled, bar.update, bar.total)
+                yield from run(p, self.model, result.cancelled, bar.update, bar.total,
+                               rows=remote.rows if remote is not None else None)
             finally:
                 bar.close()
 
-        return Result(p.columns, rows, explain=lambda: self._explain(p), kinds=_kinds(p.outputs), test=p.test)
+        return Result(p.columns, rows, explain=lambda: self._explain(p), kinds=_kinds(p.outputs), test=p.test,
+                      start=remote.start if remote is not None else None,
+                      stop=remote.cancel if remote is not None else None)
 
     def _explain(self, p) -> str:
         from .engine import compile_plan, load
@@ -343,8 +387,11 @@ class Connection:
                         span, text, hint=f"did you mean SHOW {near.upper()}?" if near else None)
 
     def close(self) -> None:
-        """Forget the loaded models."""
+        """Forget the loaded models; stop the Ray engine's workers."""
         self._models.clear()
+        if self._cluster is not None:
+            self._cluster.close()
+            self._cluster = None
 
     def __enter__(self):
         return self
@@ -386,9 +433,10 @@ _default: Optional[Connection] = None
 
 
 def connect(model: Optional[str] = None, device: Optional[str] = None, dtype: Optional[str] = None,
-            seed: Optional[int] = None, **options) -> Connection:
+            seed: Optional[int] = None, engine: Optional[str] = None, address: Optional[str] = None,
+            **options) -> Connection:
     """A new ``Connection`` (see its docstring for the arguments)."""
-    return Connection(model=model, device=device, dtype=dtype, seed=seed, **options)
+    return Connection(model=model, device=device, dtype=dtype, seed=seed, engine=engine, address=address, **options)
 
 
 def sql(text: str, params: Optional[Mapping[str, Any]] = None) -> Result:

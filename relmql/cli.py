@@ -50,6 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: chosen from the columns)")
     p.add_argument("--log-scale", action="store_true", help="a log scale on the plot's value axis")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on standard error")
+    p.add_argument("--engine", choices=("local", "ray"),
+                   help="where queries run: local (this process, the default) or ray (worker processes of a Ray "
+                        "cluster; pip install 'relmql[ray]')")
+    p.add_argument("--workers", type=int, metavar="N", help="--engine ray: worker processes (default: one per "
+                                                            "GPU with --device cuda, otherwise one per CPU)")
+    p.add_argument("--ray-address", metavar="ADDRESS",
+                   help="--engine ray: the cluster to join: auto, HOST:6379 or ray://HOST:10001 (default: "
+                        "RAY_ADDRESS, or a new local instance)")
     return p
 
 
@@ -83,7 +91,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             check_path(args.plot)
         from .api import Connection
         con = Connection(model=args.model, device=args.device, dtype=args.dtype, seed=args.seed,
-                         progress=not args.no_progress)
+                         progress=not args.no_progress, workers=args.workers, address=args.ray_address,
+                         engine=args.engine)
     except Error as e:
         print(e.render(), file=sys.stderr)
         return EXIT_ERROR
@@ -147,10 +156,17 @@ def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: I
         print(e.render(_origin(name)), file=err)
         return EXIT_ERROR
     first = True
-    for st in statements:
+    ahead: Dict[int, object] = {}
+    for i, st in enumerate(statements):
         result = None
         try:
-            result = con._statement(st, text, params)
+            result = ahead.pop(i, None)
+            if isinstance(result, Error):
+                raise result
+            result = result or con._statement(st, text, params)
+            if result.kind == "rows" and con.settings["engine"] == "ray":
+                result.start()
+                _start_ahead(con, statements, i, text, params, ahead)
             if result.kind == "status":
                 continue
             if fmt == "table" and not first:
@@ -167,16 +183,48 @@ def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: I
                 plot(result, err)
         except Error as e:
             print(e.render(_origin(name)), file=err)
+            _cancel(ahead)
             return EXIT_ERROR
         except KeyboardInterrupt:
             if result is not None:
                 result.cancel()
+            _cancel(ahead)
             print("cancelled", file=err)
             return EXIT_CANCELLED
         except BrokenPipeError:
             _quiet_pipe()
+            _cancel(ahead)
             return 0
     return 0
+
+
+AHEAD = 16  # queries started ahead of the one being written (Ray engine)
+
+
+def _start_ahead(con, statements, i: int, text: str, params, ahead: Dict[int, object]) -> None:
+    """Ray engine: plan and start the queries that follow statement ``i``, up to the next
+    statement of another kind (a SET changes how later ones are planned), so that the workers run
+    them side by side. A query that fails to plan keeps its error for its turn; none after it
+    starts."""
+    from .syntax import ast as A
+    for j in range(i + 1, min(len(statements), i + 1 + AHEAD)):
+        if not isinstance(statements[j], A.Query) or isinstance(ahead.get(j), Error):
+            return
+        if j in ahead:
+            continue
+        try:
+            ahead[j] = con._statement(statements[j], text, params)
+            ahead[j].start()
+        except Error as e:
+            ahead[j] = e
+            return
+
+
+def _cancel(ahead: Dict[int, object]) -> None:
+    """Stop the queries started ahead that will not be written."""
+    for r in ahead.values():
+        if not isinstance(r, Error):
+            r.cancel()
 
 
 def _quiet_pipe():

@@ -117,7 +117,8 @@ class _GroupEnv(Env):
         return self.rows[0].group(key, node)
 
 
-def _regex(plan: QueryPlan):
+def match_regex(plan: QueryPlan):
+    """MATCHING as a Python ``re`` pattern, for capture groups (None where ``re`` cannot take it)."""
     try:
         return re.compile(plan.matching)
     except (re.error, RecursionError, OverflowError, ValueError):
@@ -133,7 +134,7 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
     many sequences or draws it will read (``progress`` counts them)."""
     model = load(plan, models)
     automaton = compile_plan(plan, model)
-    regex = _regex(plan)
+    regex = match_regex(plan)
     if plan.limit == 0:
         return
     emitted = 0
@@ -165,8 +166,19 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
         if stopped is not None:
             stopped.append(plan)
         else:
-            print(f"warning: the search stopped at max_nodes ({plan.traversal.max_nodes:,} nodes) after "
-                  f"{emitted:,} rows; more rows may exist", file=sys.stderr)
+            print(stop_warning(plan, emitted), file=sys.stderr)
+
+
+def stop_warning(plan: QueryPlan, emitted: int) -> str:
+    """The warning of a search that stopped at ``max_nodes`` after ``emitted`` rows."""
+    return (f"warning: the search stopped at max_nodes ({plan.traversal.max_nodes:,} nodes) after "
+            f"{emitted:,} rows; more rows may exist")
+
+
+def stopped_rows_warning(stopped: List[QueryPlan], rows: int) -> str:
+    """The warning of a dataset query some of whose ``rows`` data rows stopped at ``max_nodes``."""
+    return (f"warning: {len(stopped):,} of {rows:,} data rows stopped searching at max_nodes "
+            f"({stopped[0].traversal.max_nodes:,} nodes); their rows may be incomplete")
 
 
 def load(plan: QueryPlan, models: Models) -> LanguageModel:
@@ -206,12 +218,16 @@ def _eval(node, env, source):
 
 
 def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
-        progress: Optional[Callable[[int], None]] = None, on_total: Optional[Callable[[int], None]] = None
-        ) -> Iterator[tuple]:
+        progress: Optional[Callable[[int], None]] = None, on_total: Optional[Callable[[int], None]] = None,
+        rows: Optional[Callable[..., Iterator[Env]]] = None) -> Iterator[tuple]:
     """Output tuples of ``plan``. ``progress(n)`` is told of each result row (or data row);
-    ``on_total(n)`` of how many there will be, when that is known."""
+    ``on_total(n)`` of how many there will be, when that is known. ``rows(cancel, progress,
+    on_total, masses)``: where the result rows come from instead of this process (the Ray
+    engine's ``Statement.rows``)."""
     masses: list = []
-    if isinstance(plan, DatasetPlan):
+    if rows is not None:
+        envs = rows(cancel, progress, on_total, masses)
+    elif isinstance(plan, DatasetPlan):
         envs = _dataset_rows(plan, models, cancel, progress, on_total, masses)
     else:
         if on_total is not None and hasattr(plan.traversal, "n"):
@@ -277,12 +293,12 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total,
             found = True
             yield env
         if not found and len(masses) == before:  # the row still counts: one row of NULL results (as a LEFT
-            yield RowEnv(qplan, None, None, _regex(qplan))     # JOIN would give); a measured one counts as 0
+            yield RowEnv(qplan, None, None, match_regex(qplan))     # JOIN would give); a measured one counts as 0
         if progress is not None:
             progress(1)
     if stopped:
-        print(f"warning: {len(stopped):,} of {len(selected):,} data rows stopped searching at max_nodes "
-              f"({stopped[0].traversal.max_nodes:,} nodes); their rows may be incomplete", file=sys.stderr)
+        print(stopped_rows_warning(stopped, len(selected)), file=sys.stderr)
 
 
-__all__ = ["run", "query_rows", "compile_plan", "load", "RowEnv"]
+__all__ = ["run", "query_rows", "compile_plan", "load", "RowEnv", "match_regex", "stop_warning",
+           "stopped_rows_warning"]

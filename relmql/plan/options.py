@@ -21,7 +21,7 @@ class PlanError(Error):
 @dataclass(frozen=True)
 class OptionSpec:
     """One option. ``kind``: int, float, bool, choice or text; ``where``: the part of the plan it
-    sets (decoding, compile, traversal, model)."""
+    sets (decoding, compile, traversal, model), or session (how the session runs queries)."""
 
     name: str
     kind: str
@@ -129,6 +129,18 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
                ("auto", "float32", "bfloat16", "float16"), session_only=True),
     OptionSpec("model", "text", "smollm2-135m", "model",
                "the default model: a built-in name, a local directory or a hub id", session_only=True),
+    OptionSpec("threads", "int", None, "session",
+               "CPU threads of the model's arithmetic, in this process or (engine ray) in each worker "
+               "(default: torch's own choice here, a worker's share of the CPUs there)", low=1, session_only=True),
+    OptionSpec("engine", "choice", "local", "session",
+               "where queries run: local (this process) or ray (worker processes of a Ray cluster; "
+               "pip install 'relmql[ray]')", ("local", "ray"), session_only=True),
+    OptionSpec("workers", "int", None, "session",
+               "engine ray: worker processes, each with its own copy of the model (default: one per GPU "
+               "with device cuda or auto, otherwise one per CPU)", low=1, session_only=True),
+    OptionSpec("ray_address", "text", "", "session",
+               "engine ray: the cluster to join: '' (RAY_ADDRESS, or a new local instance), 'auto' (the "
+               "running one), 'HOST:6379' or 'ray://HOST:10001'", session_only=True),
 )}
 
 

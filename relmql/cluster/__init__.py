@@ -1,0 +1,182 @@
+"""The Ray engine: runs queries on worker actors of a Ray cluster instead of in this process.
+
+Entry point: ``Cluster(address, workers, device, preload).statement(plan)`` → a ``Statement``
+whose ``rows()`` are the same ``RowEnv``s, in the same order, that ``relmql.engine`` computes
+in-process. Each worker loads its models once; the data rows of a dataset query are sharded over
+the workers in batches; a single query runs whole on one worker (statements of a script run side
+by side when started ahead with ``Statement.start()``). Ray is optional: ``require_ray()`` says
+how to install it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import sys
+import threading
+from typing import Callable, Iterator, Optional
+
+from ..errors import Error
+from ..plan import DatasetPlan, ModelRef, QueryPlan, plan_row, selected_rows
+from .pool import Job, Pool
+from .worker import Worker
+
+INSTALL = "pip install 'relmql[ray]'"
+
+
+def require_ray():
+    """The ``ray`` module, or an ``Error`` that says how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise Error("the ray engine needs Ray, which is not installed", hint=f"install it: {INSTALL}") from None
+    return ray
+
+
+class Cluster:
+    """Worker actors on a Ray cluster. ``address``: the cluster to join ('' starts a local Ray
+    instance unless RAY_ADDRESS names one; 'auto' joins the running one; 'ray://host:10001' a
+    remote one through Ray Client); ``workers``: how many (default: one per GPU when ``device``
+    is not cpu and the cluster has GPUs, otherwise one per CPU); ``preload``: the model each
+    worker loads as it starts; ``threads``: each worker's torch threads (default: its share of
+    the CPUs)."""
+
+    def __init__(self, address: str = "", workers: Optional[int] = None, device: str = "cpu",
+                 preload: Optional[ModelRef] = None, threads: Optional[int] = None):
+        ray = require_ray()
+        self.ray = ray
+        self.key = (address, workers, device != "cpu", threads)  # the settings it was made for
+        self.owns_ray = False
+        if not ray.is_initialized():
+            try:
+                ray.init(address=address or None, logging_level=logging.WARNING)
+            except Exception as e:  # no cluster at that address, a version mismatch, ...
+                raise Error(f"cannot start or join a Ray cluster{f' at {address}' if address else ''}: {e}",
+                            hint="set ray_address to a running cluster ('auto', 'HOST:6379' or "
+                                 "'ray://HOST:10001'), or leave it empty for a local instance") from None
+            self.owns_ray = True
+        resources = ray.cluster_resources()
+        cpus, gpus = float(resources.get("CPU", 1)), int(resources.get("GPU", 0))
+        use_gpu = gpus > 0 and device != "cpu"
+        n = workers or (gpus if use_gpu else max(1, int(cpus)))
+        if use_gpu:
+            opts, threads = {"num_gpus": 1, "num_cpus": 1}, threads or 1
+        else:
+            share = cpus / n if n > cpus else float(int(cpus // n))
+            opts = {"num_cpus": share}
+            threads = threads or max(1, int(share))
+        actor = _actor_class()
+        self.where = (f"{n} worker{'s' if n != 1 else ''} ({'1 GPU' if use_gpu else f'{threads} CPU thread'}"
+                      f"{'' if use_gpu or threads == 1 else 's'} each) on "
+                      f"{'a local Ray instance' if self.owns_ray and not address else 'the Ray cluster'}"
+                      f" of {int(cpus)} CPUs{f' and {gpus} GPUs' if gpus else ''}")
+        self.pool = Pool(ray, lambda i: actor.options(**opts).remote(threads, preload), n)
+
+    def statement(self, plan) -> "Statement":
+        """The work of one planned statement (not started yet)."""
+        return Statement(self.pool, plan)
+
+    def close(self) -> None:
+        """Stop the workers (and the Ray instance, when this cluster started it)."""
+        self.pool.close()
+        if self.owns_ray:
+            self.ray.shutdown()
+
+
+@functools.lru_cache(maxsize=None)
+def _actor_class():
+    """``Worker`` as a Ray actor class, its control methods in a thread of their own so that a
+    running call can be cancelled (Ray runs an actor's other methods one at a time)."""
+    ray = require_ray()
+
+    class RayWorker(Worker):
+        @ray.method(concurrency_group="control")
+        def cancel(self, call: int) -> bool:
+            return Worker.cancel(self, call)
+
+        @ray.method(concurrency_group="control")
+        def pid(self) -> int:
+            return Worker.pid(self)
+
+    return ray.remote(concurrency_groups={"control": 1})(RayWorker)
+
+
+def _portable(plan: QueryPlan) -> QueryPlan:
+    """``plan`` with a local model directory named by its absolute path (workers may run elsewhere)."""
+    name = plan.model.name
+    if os.path.isdir(name) and not os.path.isabs(name):
+        return dataclasses.replace(plan, model=dataclasses.replace(plan.model, name=os.path.abspath(name)))
+    return plan
+
+
+class Statement:
+    """One query statement on the cluster: ``start()`` queues its work; ``rows(...)`` reads it
+    back in order as ``RowEnv``s (arguments as ``relmql.engine.run`` takes them)."""
+
+    def __init__(self, pool: Pool, plan):
+        self.plan = plan
+        self.pool = pool
+        self._job: Optional[Job] = None
+        self.selected = None
+
+    def _make(self) -> Job:
+        if self._job is None:
+            if isinstance(self.plan, DatasetPlan):
+                self.selected = selected_rows(self.plan)
+                plans = [_portable(plan_row(self.plan, data)) for data in self.selected]
+            else:
+                plans = [_portable(self.plan)]
+            self._job = self.pool.job(plans)
+        return self._job
+
+    def start(self) -> None:
+        self._make().start()
+
+    def cancel(self) -> None:
+        """Drop the queued work and stop the running calls (from any thread)."""
+        if self._job is not None:
+            self.pool.cancel(self._job)
+
+    def rows(self, cancel: Optional[threading.Event], progress: Optional[Callable[[int], None]],
+             on_total: Optional[Callable[..., None]], masses: list) -> Iterator:
+        from ..engine import RowEnv, match_regex, stop_warning, stopped_rows_warning
+        job = self._make()
+        dataset = isinstance(self.plan, DatasetPlan)
+        if on_total is not None and dataset:
+            on_total(len(self.selected))
+        elif on_total is not None and hasattr(self.plan.traversal, "n"):
+            on_total(self.plan.traversal.n)
+        stopped = []
+        measured = set()
+        regex = None
+        for unit, rows, finished in job.read(cancel):
+            if regex is None or dataset:
+                regex = match_regex(unit.plan)
+            if unit.mass is not None and id(unit) not in measured:
+                measured.add(id(unit))
+                masses.append(unit.mass)
+            for row, rank in rows:
+                if progress is not None and not dataset:
+                    progress(1)
+                yield RowEnv(unit.plan, row, rank, regex, unit.mass)
+            if not finished:
+                continue
+            if unit.warnings:
+                sys.stderr.write(unit.warnings)
+            if unit.error is not None:
+                raise unit.error
+            if dataset and unit.received == 0 and unit.mass is None:
+                yield RowEnv(unit.plan, None, None, regex)  # the row still counts, as in-process
+            if unit.stopped:
+                stopped.append(unit.plan)
+                if not dataset:
+                    print(stop_warning(unit.plan, unit.received), file=sys.stderr)
+            if progress is not None and dataset:
+                progress(1)
+        if stopped and dataset:
+            print(stopped_rows_warning(stopped, len(self.selected)), file=sys.stderr)
+
+
+__all__ = ["Cluster", "Statement", "require_ray", "INSTALL"]
