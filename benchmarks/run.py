@@ -17,6 +17,7 @@ sys.path.insert(0, str(HERE))
 import compile_bench  # noqa: E402
 import execute_bench  # noqa: E402
 import measure_bench  # noqa: E402
+import scale_bench  # noqa: E402
 
 
 def machine() -> str:
@@ -40,7 +41,7 @@ def machine() -> str:
 
 def versions() -> str:
     import importlib.metadata as md
-    names = ["relmql", "torch", "transformers", "tokenizers", "pynini", "numpy", "outlines-core"]
+    names = ["relmql", "torch", "transformers", "tokenizers", "pynini", "numpy", "outlines-core", "ray"]
     out = []
     for n in names:
         try:
@@ -63,7 +64,7 @@ def main():
     import argparse
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--seconds", type=float, default=30.0, help="time per URL memorization configuration")
-    p.add_argument("--only", choices=("compile", "execute", "measure"),
+    p.add_argument("--only", choices=("compile", "execute", "measure", "scale"),
                    help="run one part (the others are left as they are)")
     p.add_argument("--execute-json", help="take the executor results from this file (written by "
                                           "execute_bench.py --json) instead of measuring them")
@@ -76,19 +77,22 @@ def main():
     else:
         executed = execute_bench.run(args.seconds) if args.only in (None, "execute") else None
     measured = measure_bench.run() if args.only in (None, "measure") else None
+    scaled = scale_bench.run() if args.only in (None, "scale") else None
     text = (HERE.parent / "docs" / "benchmarks.template.md").read_text()
     old = out.read_text() if out.exists() else ""
     compile_part = compile_bench.table(rows) if rows else _section(old, "<!-- compile -->")
     reading = compile_bench.reading(rows) if rows else _section(old, "<!-- compile reading -->")
     execute_part = execute_bench.tables(executed) if executed else _section(old, "<!-- execute -->")
     measure_part = measure_bench.tables(measured) if measured else _section(old, "<!-- measure -->")
+    scale_part = scale_bench.tables(scaled) if scaled else _section(old, "<!-- scale -->")
     text = (text.replace("{{date}}", datetime.date.today().isoformat())
                 .replace("{{machine}}", machine())
                 .replace("{{versions}}", versions())
                 .replace("{{compile_table}}", _mark("<!-- compile -->", compile_part))
                 .replace("{{compile_reading}}", _mark("<!-- compile reading -->", reading))
                 .replace("{{execute_tables}}", _mark("<!-- execute -->", execute_part))
-                .replace("{{measure_tables}}", _mark("<!-- measure -->", measure_part)))
+                .replace("{{measure_tables}}", _mark("<!-- measure -->", measure_part))
+                .replace("{{scale_tables}}", _mark("<!-- scale -->", scale_part)))
     out.write_text(text)
     print(f"wrote {out}")
 

@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "cluster; pip install 'relmql[ray]')")
     p.add_argument("--workers", type=int, metavar="N", help="--engine ray: worker processes (default: one per "
                                                             "GPU with --device cuda, otherwise one per CPU)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="CPU threads of the model's arithmetic: this process's, or each worker's with --engine ray")
     p.add_argument("--ray-address", metavar="ADDRESS",
                    help="--engine ray: the cluster to join: auto, HOST:6379 or ray://HOST:10001 (default: "
                         "RAY_ADDRESS, or a new local instance)")
@@ -92,7 +94,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .api import Connection
         con = Connection(model=args.model, device=args.device, dtype=args.dtype, seed=args.seed,
                          progress=not args.no_progress, workers=args.workers, address=args.ray_address,
-                         engine=args.engine)
+                         threads=args.threads, engine=args.engine)
     except Error as e:
         print(e.render(), file=sys.stderr)
         return EXIT_ERROR

@@ -1,0 +1,121 @@
+"""Scale-out: the LAMBADA baseline query's data rows per second in-process and on the Ray engine.
+
+    python benchmarks/scale_bench.py [--rows 60] [--json out.json]
+
+One process runs every configuration in turn, each on the same first ``--rows`` rows of the
+paper's LAMBADA baseline statement (benchmarks/paper/lambada.rql): in-process with 1 and with 2
+torch threads, then a local Ray instance with 1 worker (all CPUs' threads) and with one worker per
+CPU (1 thread each). Start-up (Ray, the workers, their model loads) is timed apart from the query.
+The predictions of each configuration are compared with in-process, 1 thread: a worker with the
+same thread count gives bit-identical rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RQL = HERE / "paper" / "lambada.rql"
+
+
+def statement(rows: int) -> str:
+    """The baseline statement of lambada.rql on its first ``rows`` data rows."""
+    sys.path.insert(0, str(HERE / "paper"))
+    from common import statements
+    text = dict(statements(RQL))["baseline"]
+    head, sep, tail = text.rpartition("LIMIT ")
+    return f"{head}{sep}{rows}"
+
+
+def cpu_busy():
+    """A reader of how busy the machine's CPUs were since the last call (0–1)."""
+    import psutil
+    psutil.cpu_percent(None)
+    return lambda: psutil.cpu_percent(None) / 100
+
+
+def measure(con, sql: str) -> Dict:
+    busy = cpu_busy()
+    start = time.perf_counter()
+    rows = con.sql(sql).fetchall()
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "rows": len(rows), "rows_per_s": len(rows) / seconds, "cpu_busy": busy(),
+            "result": [list(r) for r in rows]}
+
+
+def run(n_rows: int = 60, model: str = "smollm2-135m", dtype: str = "float32") -> Dict:
+    import ray
+    import torch
+
+    import relmql
+    os.chdir(ROOT)  # the statement's data path is relative to the repository root
+    sql = statement(n_rows)
+    cpus = os.cpu_count() or 1
+    out: Dict = {"rows": n_rows, "model": model, "dtype": dtype, "cpus": cpus, "configs": []}
+    for threads in (1, cpus):
+        con = relmql.connect(model=model, dtype=dtype, threads=threads)
+        start = time.perf_counter()
+        con.model()
+        r = measure(con, sql)
+        r.update(name=f"in-process, {threads} thread{'s' if threads > 1 else ''}", engine="local", workers=0,
+                 threads=threads, startup_s=time.perf_counter() - start - r["seconds"])
+        out["configs"].append(r)
+        con.close()
+    torch.set_num_threads(cpus)
+    for workers in (1, cpus):
+        ray.init(num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
+        con = relmql.connect(model=model, dtype=dtype, engine="ray", workers=workers)
+        start = time.perf_counter()
+        con.sql("SELECT text MATCHING 'a' LIMIT 1").fetchall()  # Ray, the workers and their models are up
+        startup = time.perf_counter() - start
+        r = measure(con, sql)
+        threads = cpus // workers
+        r.update(name=f"Ray, {workers} worker{'s' if workers > 1 else ''} × {threads} thread{'s' if threads > 1 else ''}",
+                 engine="ray", workers=workers, threads=threads, startup_s=startup)
+        out["configs"].append(r)
+        con.close()
+        ray.shutdown()
+    base = out["configs"][0]["result"]
+    for c in out["configs"]:
+        c["same_rows"] = sum(a == b for a, b in zip(c["result"], base))
+        c["same_predictions"] = sum(a[:3] == b[:3] for a, b in zip(c["result"], base))
+        del c["result"]
+    return out
+
+
+def tables(res: Dict) -> str:
+    """The markdown table of ``run()``'s results."""
+    base = res["configs"][1]  # in-process with every thread: what a user gets without Ray
+    lines = [f"LAMBADA baseline (benchmarks/paper/lambada.rql), first {res['rows']} data rows, "
+             f"{res['model']} ({res['dtype']}), {res['cpus']} CPUs.", "",
+             "| configuration | start-up | query | data rows/s | vs in-process | CPUs busy | rows as in-process, 1 thread "
+             "(bit-identical / same prediction) |", "|---|---|---|---|---|---|---|"]
+    for c in res["configs"]:
+        lines.append(f"| {c['name']} | {c['startup_s']:.1f} s | {c['seconds']:.1f} s | {c['rows_per_s']:.2f} | "
+                     f"**{c['rows_per_s'] / base['rows_per_s']:.2f}×** | {c['cpu_busy']:.0%} | "
+                     f"{c['same_rows']} / {c['same_predictions']} of {c['rows']} |")
+    return "\n".join(lines)
+
+
+def main(argv: List[str] = None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=60, help="LAMBADA data rows per configuration (default: 60)")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args(argv)
+    res = run(args.rows, args.model, args.dtype)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    print(tables(res))
+
+
+if __name__ == "__main__":
+    main()
