@@ -2,10 +2,11 @@
 
     python benchmarks/scale_bench.py [--rows 60] [--json out.json]
 
-One process runs every configuration in turn, each on the same first ``--rows`` rows of the
-paper's LAMBADA baseline statement (benchmarks/paper/lambada.rql): in-process with 1 and with 2
-torch threads, then a local Ray instance with 1 worker (all CPUs' threads) and with one worker per
-CPU (1 thread each). Start-up (Ray, the workers, their model loads) is timed apart from the query.
+Each configuration runs in a fresh process (compiled automata are cached within a process), on
+the same first ``--rows`` rows of the paper's LAMBADA baseline statement
+(benchmarks/paper/lambada.rql): in-process with 1 torch thread and with one per CPU, then a
+local Ray instance with 1 worker (one thread per CPU) and with one worker per CPU (1 thread
+each). Start-up (Ray, the workers, their model loads) is timed apart from the query.
 The predictions of each configuration are compared with in-process, 1 thread: a worker with the
 same thread count gives bit-identical rows.
 """
@@ -50,38 +51,49 @@ def measure(con, sql: str) -> Dict:
             "result": [list(r) for r in rows]}
 
 
-def run(n_rows: int = 60, model: str = "smollm2-135m", dtype: str = "float32") -> Dict:
-    import ray
-    import torch
+CONFIGS = {  # name: (engine, workers, threads per process); "all": every CPU
+    "local-1": ("local", 0, 1), "local-all": ("local", 0, "all"),
+    "ray-1": ("ray", 1, "all"), "ray-all": ("ray", "all", 1),
+}
 
+
+def one(name: str, n_rows: int, model: str, dtype: str) -> Dict:
+    """One configuration, in this (fresh) process: its start-up, its query and its rows."""
     import relmql
     os.chdir(ROOT)  # the statement's data path is relative to the repository root
     sql = statement(n_rows)
     cpus = os.cpu_count() or 1
-    out: Dict = {"rows": n_rows, "model": model, "dtype": dtype, "cpus": cpus, "configs": []}
-    for threads in (1, cpus):
+    engine, workers, threads = (cpus if v == "all" else v for v in CONFIGS[name])
+    start = time.perf_counter()
+    if engine == "local":
         con = relmql.connect(model=model, dtype=dtype, threads=threads)
-        start = time.perf_counter()
         con.model()
-        r = measure(con, sql)
-        r.update(name=f"in-process, {threads} thread{'s' if threads > 1 else ''}", engine="local", workers=0,
-                 threads=threads, startup_s=time.perf_counter() - start - r["seconds"])
-        out["configs"].append(r)
-        con.close()
-    torch.set_num_threads(cpus)
-    for workers in (1, cpus):
+    else:
+        import ray
         ray.init(num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
-        con = relmql.connect(model=model, dtype=dtype, engine="ray", workers=workers)
-        start = time.perf_counter()
+        con = relmql.connect(model=model, dtype=dtype, engine="ray", workers=workers, threads=threads)
         con.sql("SELECT text MATCHING 'a' LIMIT 1").fetchall()  # Ray, the workers and their models are up
-        startup = time.perf_counter() - start
-        r = measure(con, sql)
-        threads = cpus // workers
-        r.update(name=f"Ray, {workers} worker{'s' if workers > 1 else ''} × {threads} thread{'s' if threads > 1 else ''}",
-                 engine="ray", workers=workers, threads=threads, startup_s=startup)
-        out["configs"].append(r)
-        con.close()
-        ray.shutdown()
+    startup = time.perf_counter() - start
+    r = measure(con, sql)
+    con.close()
+    plural = "s" if threads > 1 else ""
+    r.update(name=(f"in-process, {threads} thread{plural}" if engine == "local" else
+                   f"Ray, {workers} worker{'s' if workers > 1 else ''} × {threads} thread{plural}"),
+             engine=engine, workers=workers, threads=threads, startup_s=startup)
+    return r
+
+
+def run(n_rows: int = 60, model: str = "smollm2-135m", dtype: str = "float32") -> Dict:
+    """Every configuration, each in a fresh process (no compile cache carried from one to the
+    next), on the same rows; their rows compared with in-process, 1 thread."""
+    import subprocess
+    import tempfile
+    out: Dict = {"rows": n_rows, "model": model, "dtype": dtype, "cpus": os.cpu_count() or 1, "configs": []}
+    for name in CONFIGS:
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            subprocess.run([sys.executable, str(Path(__file__).resolve()), "--one", name, "--rows", str(n_rows),
+                            "--model", model, "--dtype", dtype, "--json", f.name], check=True)
+            out["configs"].append(json.loads(Path(f.name).read_text()))
     base = out["configs"][0]["result"]
     for c in out["configs"]:
         c["same_rows"] = sum(a == b for a, b in zip(c["result"], base))
@@ -95,8 +107,8 @@ def tables(res: Dict) -> str:
     base = res["configs"][1]  # in-process with every thread: what a user gets without Ray
     lines = [f"LAMBADA baseline (benchmarks/paper/lambada.rql), first {res['rows']} data rows, "
              f"{res['model']} ({res['dtype']}), {res['cpus']} CPUs.", "",
-             "| configuration | start-up | query | data rows/s | vs in-process | CPUs busy | rows as in-process, 1 thread "
-             "(bit-identical / same prediction) |", "|---|---|---|---|---|---|---|"]
+             "| configuration | start-up | query | data rows/s | vs in-process | CPUs busy | "
+             "rows as in-process, 1 thread (bit-identical / same prediction) |", "|---|---|---|---|---|---|---|"]
     for c in res["configs"]:
         lines.append(f"| {c['name']} | {c['startup_s']:.1f} s | {c['seconds']:.1f} s | {c['rows_per_s']:.2f} | "
                      f"**{c['rows_per_s'] / base['rows_per_s']:.2f}×** | {c['cpu_busy']:.0%} | "
@@ -110,7 +122,11 @@ def main(argv: List[str] = None):
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--one", choices=CONFIGS, help=argparse.SUPPRESS)  # one configuration, in this process
     args = p.parse_args(argv)
+    if args.one:
+        Path(args.json).write_text(json.dumps(one(args.one, args.rows, args.model, args.dtype)))
+        return
     res = run(args.rows, args.model, args.dtype)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

@@ -5,6 +5,7 @@ import io
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -196,3 +197,20 @@ def test_without_ray_the_engine_says_how_to_install_it(monkeypatch, capsys):
     assert main(["--model", "tiny-gpt2", "-c", "SET engine = 'ray';"]) == 1
     err = capsys.readouterr().err
     assert "needs Ray" in err and "^" in err
+
+
+def test_ray_started_from_a_statement_thread_outlives_it():
+    # the shell runs each statement in a thread of its own: a local Ray instance that the first
+    # query starts there must still serve the next query, from another thread
+    code = """
+import threading, relmql
+con = relmql.connect(model="tiny-gpt2", engine="ray", workers=2)
+out = []
+for sql in ("SELECT text MATCHING 'a(b|c)'", "SELECT text MATCHING 'The (cat|dog)'"):
+    t = threading.Thread(target=lambda: out.append(sorted(con.sql(sql).fetchall())))
+    t.start(); t.join()
+print(out)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[[('ab',), ('ac',)], [('The cat',), ('The dog',)]]"

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import logging
 import os
+import queue
 import sys
 import threading
 from typing import Callable, Iterator, Optional
@@ -51,7 +52,7 @@ class Cluster:
         self.owns_ray = False
         if not ray.is_initialized():
             try:
-                ray.init(address=address or None, logging_level=logging.WARNING)
+                _init(ray, address)
             except Exception as e:  # no cluster at that address, a version mismatch, ...
                 raise Error(f"cannot start or join a Ray cluster{f' at {address}' if address else ''}: {e}",
                             hint="set ray_address to a running cluster ('auto', 'HOST:6379' or "
@@ -83,6 +84,30 @@ class Cluster:
         self.pool.close()
         if self.owns_ray:
             self.ray.shutdown()
+
+
+def _init(ray, address: str) -> None:
+    """``ray.init`` in a thread that lives as long as this process. The local Ray processes it may
+    start die with the thread that started them (seen: a query run from the shell's statement
+    thread left the next query waiting forever on a dead instance)."""
+    if threading.current_thread() is threading.main_thread():
+        ray.init(address=address or None, logging_level=logging.WARNING)
+        return
+    done: "queue.Queue[Optional[BaseException]]" = queue.Queue()
+
+    def keeper():
+        try:
+            ray.init(address=address or None, logging_level=logging.WARNING)
+        except BaseException as e:  # handed to the caller
+            done.put(e)
+            return
+        done.put(None)
+        threading.Event().wait()
+
+    threading.Thread(target=keeper, name="relmql-ray", daemon=True).start()
+    error = done.get()
+    if error is not None:
+        raise error
 
 
 @functools.lru_cache(maxsize=None)
@@ -150,10 +175,10 @@ class Statement:
             on_total(self.plan.traversal.n)
         stopped = []
         measured = set()
-        regex = None
+        current = regex = None
         for unit, rows, finished in job.read(cancel):
-            if regex is None or dataset:
-                regex = match_regex(unit.plan)
+            if unit is not current:
+                current, regex = unit, match_regex(unit.plan)
             if unit.mass is not None and id(unit) not in measured:
                 measured.add(id(unit))
                 masses.append(unit.mass)

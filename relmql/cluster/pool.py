@@ -117,9 +117,10 @@ class Pool:
         with self._lock:
             job.cancelled = True
             self.queue = deque(q for q in self.queue if q[0] is not job)
-            for call in self.calls.values():
-                if call.job is job:
+            for gen, call in list(self.calls.items()):
+                if call.job is job:  # the worker stops at its next model call; what it sent is dropped
                     call.handle.cancel.remote(call.id)
+                    del self.calls[gen]
 
     def pump(self, timeout: float) -> None:
         """Start calls on idle workers, then take in what the workers have sent (waiting up to
@@ -171,8 +172,6 @@ class Pool:
                 unit = call.job.units[u]
                 if not unit.done:
                     unit.done, unit.error = True, e.as_instanceof_cause()
-            return
-        if call.job.cancelled:
             return
         unit = call.job.units[call.units[piece.unit]]
         unit.pending.extend(piece.rows)
