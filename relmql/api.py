@@ -190,6 +190,8 @@ class Result:
         return plot(self.columns, rows, path, kind, log=log, title=title, times=self.times, kinds=self.kinds)
 
     def cancel(self) -> None:
+        """Stop the query (from any thread) before its next model call; reading it then raises
+        ``Cancelled``."""
         self.cancelled.set()
         if self._stop is not None:
             self._stop()

@@ -116,12 +116,12 @@ def test_a_killed_worker_is_replaced_and_no_row_is_lost_or_repeated(local, remot
     result = remote.sql(sql)
     rows = iter(result)
     got = [next(rows)]  # both workers are busy now, each a call or two ahead
-    os.kill(pool.pids()[1], signal.SIGKILL)
+    os.kill(pool.info()[1]["pid"], signal.SIGKILL)
     got.extend(rows)
     assert pool.replaced == replaced + 1
     assert pool.retried > retried  # the dead worker's data rows ran again, on its replacement
     assert len(got) == len(want) and got == want
-    assert len(set(pool.pids())) == 2  # the replacement is up
+    assert len({w["pid"] for w in pool.info()}) == 2  # the replacement is up
 
 
 def test_a_retried_plan_skips_the_rows_already_received(local):
@@ -214,3 +214,21 @@ print(out)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[[('ab',), ('ac',)], [('The cat',), ('The dog',)]]"
+
+
+def test_one_worker_per_gpu():
+    # a Ray instance told it has 2 GPUs: with device auto, one worker per GPU, each given its own
+    # (device auto resolves to the CPU on this machine, so the model still runs)
+    code = """
+import ray, relmql
+ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, logging_level="ERROR")
+con = relmql.connect(model="tiny-gpt2", engine="ray", device="auto")
+rows = con.sql("SELECT text MATCHING 'a(b|c)'").fetchall()
+print(con.cluster().where)
+print(sorted(w["gpus"] for w in con.cluster().pool.info()), sorted(rows))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-2000:]
+    where, workers = done.stdout.strip().splitlines()
+    assert where.startswith("2 workers (1 GPU each)")
+    assert workers == "['0', '1'] [('ab',), ('ac',)]"

@@ -122,8 +122,8 @@ def _actor_class():
             return Worker.cancel(self, call)
 
         @ray.method(concurrency_group="control")
-        def pid(self) -> int:
-            return Worker.pid(self)
+        def info(self) -> dict:
+            return Worker.info(self)
 
     return ray.remote(concurrency_groups={"control": 1})(RayWorker)
 

@@ -207,9 +207,9 @@ class Pool:
             self.retried += 1
         self.queue.extendleft(reversed(again))
 
-    def pids(self) -> List[int]:
-        """The process ids of the workers."""
-        return self.ray.get([a.pid.remote() for a in self.actors])
+    def info(self) -> List[dict]:
+        """Each worker's process id and GPUs (``Worker.info``)."""
+        return self.ray.get([a.info.remote() for a in self.actors])
 
     def close(self) -> None:
         """Stop every worker."""

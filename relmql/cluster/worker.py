@@ -103,7 +103,7 @@ class Worker:
             self._cancel.set()
         return True
 
-    def pid(self) -> int:
-        """This worker's process id."""
+    def info(self) -> dict:
+        """This worker's process id and the GPUs Ray gave it (CUDA_VISIBLE_DEVICES)."""
         import os
-        return os.getpid()
+        return {"pid": os.getpid(), "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
