@@ -55,6 +55,42 @@ CONFIGS = {  # name: (engine, workers, threads per process); "all": every CPU
     "local-1": ("local", 0, 1), "local-all": ("local", 0, "all"),
     "ray-1": ("ray", 1, "all"), "ray-all": ("ray", "all", 1),
 }
+SCRIPT_CONFIGS = ("local-all", "ray-all")
+BIAS = HERE / "paper" / "bias.rql"
+
+
+def script(draws: int) -> str:
+    """The sampled statements of bias.rql that have the prefix (8 independent queries), with
+    ``draws`` draws each instead of 5000."""
+    sys.path.insert(0, str(HERE / "paper"))
+    from common import statements
+    chosen = [text for name, text in statements(BIAS) if name.startswith("sampled") and name.endswith(("man", "woman"))]
+    return "".join(text.replace("SAMPLE 5000", f"SAMPLE {draws}") + ";\n" for text in chosen)
+
+
+def one_script(name: str, draws: int, model: str, dtype: str) -> Dict:
+    """The bias script in this (fresh) process, through the command line's script runner."""
+    import io
+
+    import relmql
+    from relmql.cli import run_script
+    cpus = os.cpu_count() or 1
+    engine, workers, threads = (cpus if v == "all" else v for v in CONFIGS[name])
+    if engine == "ray":
+        import ray
+        ray.init(num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
+    con = relmql.connect(model=model, dtype=dtype, threads=threads, engine=engine,
+                         workers=workers if engine == "ray" else None)
+    con.sql("SELECT text MATCHING 'a' LIMIT 1").fetchall()  # the model (or the workers) loaded
+    text = script(draws)
+    out, err = io.StringIO(), io.StringIO()
+    start = time.perf_counter()
+    code = run_script(con, text, "bias", {}, "jsonl", out, err)
+    seconds = time.perf_counter() - start
+    con.close()
+    if code:
+        raise SystemExit(err.getvalue())
+    return {"name": name, "seconds": seconds, "statements": text.count(";"), "output": out.getvalue()}
 
 
 def one(name: str, n_rows: int, model: str, dtype: str) -> Dict:
@@ -83,17 +119,29 @@ def one(name: str, n_rows: int, model: str, dtype: str) -> Dict:
     return r
 
 
-def run(n_rows: int = 60, model: str = "smollm2-135m", dtype: str = "float32") -> Dict:
-    """Every configuration, each in a fresh process (no compile cache carried from one to the
-    next), on the same rows; their rows compared with in-process, 1 thread."""
+def _fresh(args: List[str], model: str, dtype: str) -> Dict:
+    """This script run with ``args`` in a fresh process: its JSON result."""
     import subprocess
     import tempfile
-    out: Dict = {"rows": n_rows, "model": model, "dtype": dtype, "cpus": os.cpu_count() or 1, "configs": []}
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        subprocess.run([sys.executable, str(Path(__file__).resolve()), *args, "--model", model, "--dtype", dtype,
+                        "--json", f.name], check=True)
+        return json.loads(Path(f.name).read_text())
+
+
+def run(n_rows: int = 60, model: str = "smollm2-135m", dtype: str = "float32", draws: int = 300) -> Dict:
+    """Every configuration, each in a fresh process (no compile cache carried from one to the
+    next), on the same rows; their rows compared with in-process, 1 thread. Then the bias
+    script, in-process and on one 1-thread worker per CPU."""
+    out: Dict = {"rows": n_rows, "model": model, "dtype": dtype, "cpus": os.cpu_count() or 1, "configs": [],
+                 "draws": draws, "script": []}
     for name in CONFIGS:
-        with tempfile.NamedTemporaryFile(suffix=".json") as f:
-            subprocess.run([sys.executable, str(Path(__file__).resolve()), "--one", name, "--rows", str(n_rows),
-                            "--model", model, "--dtype", dtype, "--json", f.name], check=True)
-            out["configs"].append(json.loads(Path(f.name).read_text()))
+        out["configs"].append(_fresh(["--one", name, "--rows", str(n_rows)], model, dtype))
+    for name in SCRIPT_CONFIGS:
+        out["script"].append(_fresh(["--one-script", name, "--draws", str(draws)], model, dtype))
+    same = out["script"][0]["output"]
+    for c in out["script"]:
+        c["same_output"] = c.pop("output") == same
     base = out["configs"][0]["result"]
     for c in out["configs"]:
         c["same_rows"] = sum(a == b for a, b in zip(c["result"], base))
@@ -113,6 +161,15 @@ def tables(res: Dict) -> str:
         lines.append(f"| {c['name']} | {c['startup_s']:.1f} s | {c['seconds']:.1f} s | {c['rows_per_s']:.2f} | "
                      f"**{c['rows_per_s'] / base['rows_per_s']:.2f}×** | {c['cpu_busy']:.0%} | "
                      f"{c['same_rows']} / {c['same_predictions']} of {c['rows']} |")
+    if res.get("script"):
+        local, remote = res["script"]
+        lines += ["", f"A script of {local['statements']} independent queries: the sampled statements of "
+                      f"benchmarks/paper/bias.rql that have the prefix, {res['draws']} draws each.", "",
+                  "| configuration | script | vs in-process | output as in-process |", "|---|---|---|---|"]
+        for c in res["script"]:
+            lines.append(f"| {'in-process' if c is local else 'Ray, one 1-thread worker per CPU'} | "
+                         f"{c['seconds']:.1f} s | **{local['seconds'] / c['seconds']:.2f}×** | "
+                         f"{'identical' if c['same_output'] else 'differs'} |")
     return "\n".join(lines)
 
 
@@ -122,12 +179,17 @@ def main(argv: List[str] = None):
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--draws", type=int, default=300, help="draws per query of the bias script (default: 300)")
     p.add_argument("--one", choices=CONFIGS, help=argparse.SUPPRESS)  # one configuration, in this process
+    p.add_argument("--one-script", choices=SCRIPT_CONFIGS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one:
         Path(args.json).write_text(json.dumps(one(args.one, args.rows, args.model, args.dtype)))
         return
-    res = run(args.rows, args.model, args.dtype)
+    if args.one_script:
+        Path(args.json).write_text(json.dumps(one_script(args.one_script, args.draws, args.model, args.dtype)))
+        return
+    res = run(args.rows, args.model, args.dtype, args.draws)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     print(tables(res))

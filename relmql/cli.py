@@ -58,8 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, metavar="N",
                    help="CPU threads of the model's arithmetic: this process's, or each worker's with --engine ray")
     p.add_argument("--ray-address", metavar="ADDRESS",
-                   help="--engine ray: the cluster to join: auto, HOST:6379 or ray://HOST:10001 (default: "
-                        "RAY_ADDRESS, or a new local instance)")
+                   help="--engine ray: the cluster to join: auto or HOST:6379 (default: RAY_ADDRESS, or a new "
+                        "local instance)")
     return p
 
 
@@ -165,7 +165,8 @@ def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: I
             result = ahead.pop(i, None)
             if isinstance(result, Error):
                 raise result
-            result = result or con._statement(st, text, params)
+            if result is None:
+                result = con._statement(st, text, params)
             if result.kind == "rows" and con.settings["engine"] == "ray":
                 result.start()
                 _start_ahead(con, statements, i, text, params, ahead)

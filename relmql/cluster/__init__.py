@@ -17,7 +17,7 @@ import os
 import queue
 import sys
 import threading
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, List, Optional
 
 from ..errors import Error
 from ..plan import DatasetPlan, ModelRef, QueryPlan, plan_row, selected_rows
@@ -38,11 +38,11 @@ def require_ray():
 
 class Cluster:
     """Worker actors on a Ray cluster. ``address``: the cluster to join ('' starts a local Ray
-    instance unless RAY_ADDRESS names one; 'auto' joins the running one; 'ray://host:10001' a
-    remote one through Ray Client); ``workers``: how many (default: one per GPU when ``device``
-    is not cpu and the cluster has GPUs, otherwise one per CPU); ``preload``: the model each
-    worker loads as it starts; ``threads``: each worker's torch threads (default: its share of
-    the CPUs)."""
+    instance unless RAY_ADDRESS names one; 'auto' joins the running one; 'HOST:6379' a head
+    node; Ray Client's 'ray://' cannot stream rows and is refused); ``workers``: how many
+    (default: one per GPU when ``device`` is not cpu and the cluster has GPUs, otherwise one per
+    CPU); ``preload``: the model each worker loads as it starts; ``threads``: each worker's torch
+    threads (default: its share of the CPUs)."""
 
     def __init__(self, address: str = "", workers: Optional[int] = None, device: str = "cpu",
                  preload: Optional[ModelRef] = None, threads: Optional[int] = None):
@@ -50,22 +50,29 @@ class Cluster:
         self.ray = ray
         self.key = (address, workers, device != "cpu", threads)  # the settings it was made for
         self.owns_ray = False
+        if address.startswith("ray://"):
+            raise Error("ray_address: Ray Client (ray://) cannot stream rows back, which the ray engine needs",
+                        hint="run relmql on a node of the cluster, with ray_address 'auto' or 'HEAD_IP:6379'")
         if not ray.is_initialized():
             try:
                 _init(ray, address)
             except Exception as e:  # no cluster at that address, a version mismatch, ...
                 raise Error(f"cannot start or join a Ray cluster{f' at {address}' if address else ''}: {e}",
-                            hint="set ray_address to a running cluster ('auto', 'HOST:6379' or "
-                                 "'ray://HOST:10001'), or leave it empty for a local instance") from None
+                            hint="set ray_address to a running cluster ('auto' or 'HOST:6379'), or leave it "
+                                 "empty for a local instance") from None
             self.owns_ray = True
         resources = ray.cluster_resources()
         cpus, gpus = float(resources.get("CPU", 1)), int(resources.get("GPU", 0))
         use_gpu = gpus > 0 and device != "cpu"
         n = workers or (gpus if use_gpu else max(1, int(cpus)))
         if use_gpu:
+            if n > gpus:
+                raise Error(f"workers = {n} on GPUs needs {n} GPUs; the Ray cluster has {gpus}",
+                            hint="one worker per GPU: leave workers unset, or set device = 'cpu'")
             opts, threads = {"num_gpus": 1, "num_cpus": 1}, threads or 1
         else:
-            share = cpus / n if n > cpus else float(int(cpus // n))
+            nodes = [n_["Resources"].get("CPU", 0) for n_ in ray.nodes() if n_.get("Alive")]
+            share = cpu_share(nodes or [cpus], n)
             opts = {"num_cpus": share}
             threads = threads or max(1, int(share))
         actor = _actor_class()
@@ -73,6 +80,7 @@ class Cluster:
                       f"{'' if use_gpu or threads == 1 else 's'} each) on "
                       f"{'a local Ray instance' if self.owns_ray and not address else 'the Ray cluster'}"
                       f" of {int(cpus)} CPUs{f' and {gpus} GPUs' if gpus else ''}")
+        preload = _portable(preload) if preload is not None else None
         self.pool = Pool(ray, lambda i: actor.options(**opts).remote(threads, preload), n)
 
     def statement(self, plan) -> "Statement":
@@ -110,6 +118,14 @@ def _init(ray, address: str) -> None:
         raise error
 
 
+def cpu_share(node_cpus: List[float], n: int) -> float:
+    """The CPUs each of ``n`` workers asks Ray for: the most that lets all ``n`` fit on nodes of
+    ``node_cpus`` CPUs (a worker cannot span nodes), whole CPUs where possible."""
+    fits = lambda share: sum(int(c / share + 1e-9) for c in node_cpus) >= n  # noqa: E731
+    candidates = sorted({c / k for c in node_cpus if c > 0 for k in range(1, n + 1)}, reverse=True)
+    return next((share for share in candidates if fits(share)), max(node_cpus) / n)
+
+
 @functools.lru_cache(maxsize=None)
 def _actor_class():
     """``Worker`` as a Ray actor class, its control methods in a thread of their own so that a
@@ -128,12 +144,24 @@ def _actor_class():
     return ray.remote(concurrency_groups={"control": 1})(RayWorker)
 
 
-def _portable(plan: QueryPlan) -> QueryPlan:
-    """``plan`` with a local model directory named by its absolute path (workers may run elsewhere)."""
-    name = plan.model.name
-    if os.path.isdir(name) and not os.path.isabs(name):
-        return dataclasses.replace(plan, model=dataclasses.replace(plan.model, name=os.path.abspath(name)))
-    return plan
+def _portable(ref: ModelRef) -> ModelRef:
+    """``ref`` with a local model directory named by its absolute path (workers run elsewhere)."""
+    if os.path.isdir(ref.name) and not os.path.isabs(ref.name):
+        return dataclasses.replace(ref, name=os.path.abspath(ref.name))
+    return ref
+
+
+def _portable_plan(plan: QueryPlan) -> QueryPlan:
+    return dataclasses.replace(plan, model=_portable(plan.model))
+
+
+def _row_plan(dplan: DatasetPlan, data):
+    """The plan of one data row, or the ``Error`` that planning it raised (raised when the rows
+    before it have been read, as in-process)."""
+    try:
+        return _portable_plan(plan_row(dplan, data))
+    except Error as e:
+        return e
 
 
 class Statement:
@@ -150,9 +178,9 @@ class Statement:
         if self._job is None:
             if isinstance(self.plan, DatasetPlan):
                 self.selected = selected_rows(self.plan)
-                plans = [_portable(plan_row(self.plan, data)) for data in self.selected]
+                plans = [_row_plan(self.plan, data) for data in self.selected]
             else:
-                plans = [_portable(self.plan)]
+                plans = [_portable_plan(self.plan)]
             self._job = self.pool.job(plans)
         return self._job
 
@@ -176,9 +204,11 @@ class Statement:
         stopped = []
         measured = set()
         current = regex = None
-        for unit, rows, finished in job.read(cancel):
+        for unit, rows, warnings, finished in job.read(cancel):
+            if warnings:
+                sys.stderr.write(warnings)
             if unit is not current:
-                current, regex = unit, match_regex(unit.plan)
+                current, regex = unit, (match_regex(unit.plan) if unit.plan is not None else None)
             if unit.mass is not None and id(unit) not in measured:
                 measured.add(id(unit))
                 masses.append(unit.mass)
@@ -188,8 +218,6 @@ class Statement:
                 yield RowEnv(unit.plan, row, rank, regex, unit.mass)
             if not finished:
                 continue
-            if unit.warnings:
-                sys.stderr.write(unit.warnings)
             if unit.error is not None:
                 raise unit.error
             if dataset and unit.received == 0 and unit.mass is None:
@@ -204,4 +232,4 @@ class Statement:
             print(stopped_rows_warning(stopped, len(self.selected)), file=sys.stderr)
 
 
-__all__ = ["Cluster", "Statement", "require_ray", "INSTALL"]
+__all__ = ["Cluster", "Statement", "require_ray", "cpu_share", "INSTALL"]

@@ -2,10 +2,11 @@
 
 A ``Job`` is a list of plans (the data rows of a dataset query, or one query). The ``Pool``
 hands consecutive plans of the queue to the workers in batches, keeps each worker at most
-``depth`` calls ahead, and collects the ``Piece``s they stream back. A job is read in plan order
-whatever order the workers finish in. A worker that dies is replaced by a fresh actor; the plans
-it had not finished go back to the front of the queue, and their rows already received are not
-sent again, so no row is lost or repeated (plans are pure: the same plan gives the same rows).
+``depth`` calls ahead (least busy worker first), and collects the ``Piece``s they stream back. A
+job is read in plan order whatever order the workers finish in. A worker that dies is replaced
+by a fresh actor; the plans it had not finished go back to the front of the queue, and their
+rows already received are not sent again, so no row is lost or repeated (plans are pure: the
+same plan gives the same rows).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ MAX_RETRIES = 3  # deaths of workers running the same plan before its job fails
 
 @dataclass
 class Unit:
-    """One plan of a job and what has come back of it."""
+    """One plan of a job and what has come back of it (a plan that failed to plan is done from
+    the start, with its error)."""
 
     plan: Any
     pending: List[Tuple[Row, int]] = field(default_factory=list)  # received, not yet read
@@ -33,17 +35,18 @@ class Unit:
     mass: Optional[Mass] = None
     done: bool = False
     stopped: bool = False
-    warnings: str = ""
+    warnings: str = ""  # received, not yet shown
     error: Optional[BaseException] = None
     retries: int = 0
 
 
 class Job:
-    """The plans of one statement, read in order with ``read()``."""
+    """The plans of one statement, read in order with ``read()``. A plan may be an ``Error``
+    (its data row could not be planned): reading reaches it in its turn and raises it."""
 
     def __init__(self, pool: "Pool", plans: List[Any], batch: int):
         self.pool, self.batch = pool, max(1, batch)
-        self.units = [Unit(p) for p in plans]
+        self.units = [Unit(None, done=True, error=p) if isinstance(p, Error) else Unit(p) for p in plans]
         self.cancelled = False
         self.started = False
 
@@ -54,8 +57,8 @@ class Job:
             self.pool.submit(self)
 
     def read(self, cancel: Optional[threading.Event] = None):
-        """``(unit, new rows, finished)`` for each unit in order, as its rows arrive; raises
-        ``Cancelled`` when ``cancel`` is set (the workers stop at their next model call)."""
+        """``(unit, new rows, warnings, finished)`` for each unit in order, as its rows arrive;
+        raises ``Cancelled`` when ``cancel`` is set (the workers stop at their next model call)."""
         self.start()
         finished = False
         try:
@@ -63,14 +66,18 @@ class Job:
                 while True:
                     if cancel is not None and cancel.is_set():
                         raise Cancelled("the query was cancelled")
-                    if unit.pending:
+                    with self.pool.lock:
                         new, unit.pending = unit.pending, []
-                        yield unit, new, False
-                    elif unit.done:
-                        yield unit, [], True
-                        break
-                    else:
-                        self.pool.pump(0.1)
+                        warnings, unit.warnings = unit.warnings, ""
+                        done = unit.done and not unit.pending
+                    if new or warnings or done:
+                        yield unit, new, warnings, done
+                        if done:
+                            break
+                    elif not self.pool.pump(0.1):
+                        raise Error("the Ray workers of this query were stopped before it finished",
+                                    hint="changing workers, threads, ray_address or device, or closing the "
+                                         "connection, stops them; run the query again")
             finished = True
         finally:
             if not finished:
@@ -94,10 +101,13 @@ class Pool:
         self.actors = [make(i) for i in range(size)]
         self.calls: Dict[Any, _Call] = {}  # streaming generator -> call
         self.queue: Deque[Tuple[Job, int]] = deque()
+        self.closed = False
+        self.jobs = 0  # jobs submitted
         self.replaced = 0  # workers replaced after dying
         self.retried = 0  # plans sent again after their worker died
+        self.resumed = 0  # of those, plans whose first rows had already come back
         self._ids = itertools.count()
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
 
     @property
     def size(self) -> int:
@@ -105,118 +115,148 @@ class Pool:
 
     def job(self, plans: List[Any]) -> Job:
         """A job of ``plans``, batched so that each worker gets about four calls of it."""
+        if self.closed:
+            raise Error("the Ray workers of this session were stopped", hint="run the statement again")
         return Job(self, plans, min(16, len(plans) // (4 * self.size)))
 
     def submit(self, job: Job) -> None:
-        with self._lock:
-            self.queue.extend((job, i) for i in range(len(job.units)))
+        with self.lock:
+            self.jobs += 1
+            self.queue.extend((job, i) for i, u in enumerate(job.units) if not u.done)
             self._dispatch()
 
     def cancel(self, job: Job) -> None:
-        """Drop ``job``'s queued plans and stop its running calls."""
-        with self._lock:
-            job.cancelled = True
-            self.queue = deque(q for q in self.queue if q[0] is not job)
-            for gen, call in list(self.calls.items()):
-                if call.job is job:  # the worker stops at its next model call; what it sent is dropped
-                    call.handle.cancel.remote(call.id)
-                    del self.calls[gen]
+        """Drop ``job``'s queued plans and stop its running calls, at the next ``pump`` (this may
+        run in a garbage collection inside another job's ``pump``, so it changes nothing else)."""
+        job.cancelled = True
 
-    def pump(self, timeout: float) -> None:
+    def pump(self, timeout: float) -> bool:
         """Start calls on idle workers, then take in what the workers have sent (waiting up to
-        ``timeout`` seconds for something)."""
-        with self._lock:
+        ``timeout`` seconds for something). False when there is nothing queued or running."""
+        with self.lock:
+            self._reap()
             self._dispatch()
             if not self.calls:
-                return
+                return bool(self.queue)
             ready, _ = self.ray.wait(list(self.calls), num_returns=1, timeout=timeout)
             for gen in ready:
                 self._receive(gen)
             self._dispatch()
+            return True
+
+    def _reap(self) -> None:
+        """Forget the calls and queued plans of cancelled jobs; tell their workers to stop."""
+        for gen, call in list(self.calls.items()):
+            if call.job.cancelled:  # the worker stops at its next model call; what it sent is dropped
+                call.handle.cancel.remote(call.id)
+                del self.calls[gen]
+        if any(job.cancelled for job, _ in self.queue):
+            self.queue = deque(q for q in self.queue if not q[0].cancelled)
 
     def _dispatch(self) -> None:
+        if self.closed:
+            return
         busy = [0] * len(self.actors)
-        for call in self.calls.values():
+        for call in list(self.calls.values()):
             busy[call.actor] += 1
-        for a in sorted(range(len(self.actors)), key=lambda a: busy[a]):
-            while busy[a] < self.depth and self.queue:
-                job, first = self.queue.popleft()
-                units = [first]
-                while (len(units) < job.batch and self.queue and self.queue[0][0] is job
-                       and self.queue[0][1] == units[-1] + 1):
-                    units.append(self.queue.popleft()[1])
-                call = _Call(a, self.actors[a], next(self._ids), job, units)
-                plans = [(job.units[u].plan, job.units[u].received) for u in units]
-                gen = call.handle.run.options(num_returns="streaming").remote(call.id, plans)
-                self.calls[gen] = call
-                busy[a] += 1
+        while self.queue:
+            a = min(range(len(self.actors)), key=lambda i: busy[i])
+            if busy[a] >= self.depth:
+                return
+            job, first = self.queue.popleft()
+            if job.cancelled:
+                continue
+            units = [first]
+            while (len(units) < job.batch and self.queue and self.queue[0][0] is job
+                   and self.queue[0][1] == units[-1] + 1):
+                units.append(self.queue.popleft()[1])
+            call = _Call(a, self.actors[a], next(self._ids), job, units)
+            plans = [(job.units[u].plan, job.units[u].received) for u in units]
+            gen = call.handle.run.options(num_returns="streaming").remote(call.id, plans)
+            self.calls[gen] = call
+            busy[a] += 1
 
     def _receive(self, gen) -> None:
-        call = self.calls[gen]
+        call = self.calls.get(gen)
+        if call is None:
+            return
         try:
-            ref = next(gen)
+            piece: Piece = self.ray.get(next(gen))
         except StopIteration:
             del self.calls[gen]
+            self._requeue(call, charge=False)  # a call that ended early (cancelled by mistake): run the rest again
             return
-        except self.ray.exceptions.RayActorError:
-            self._lost(gen)
-            return
-        try:
-            piece: Piece = self.ray.get(ref)
-        except self.ray.exceptions.RayActorError:
-            self._lost(gen)
+        except self.ray.exceptions.RayActorError as e:
+            self._lost(gen, e)
             return
         except self.ray.exceptions.RayTaskError as e:  # a bug in the worker, not a user error
             del self.calls[gen]
-            for u in call.units:
-                unit = call.job.units[u]
-                if not unit.done:
-                    unit.done, unit.error = True, e.as_instanceof_cause()
+            self._fail(call, e.as_instanceof_cause())
+            return
+        if call.job.cancelled:
             return
         unit = call.job.units[call.units[piece.unit]]
         unit.pending.extend(piece.rows)
         unit.received += len(piece.rows)
-        unit.mass = piece.mass or unit.mass
+        unit.warnings += piece.warnings
+        if unit.mass is None:
+            unit.mass = piece.mass
         if piece.done:
-            unit.done, unit.stopped, unit.warnings, unit.error = True, piece.stopped, piece.warnings, piece.error
+            unit.done, unit.stopped, unit.error = True, piece.stopped, piece.error
 
-    def _lost(self, gen) -> None:
+    def _fail(self, call: _Call, error: BaseException) -> None:
+        for u in call.units:
+            unit = call.job.units[u]
+            if not unit.done:
+                unit.done, unit.error = True, error
+
+    def _lost(self, gen, error) -> None:
         """The worker of ``gen`` died: replace it (once) and queue its unfinished plans again."""
         call = self.calls.pop(gen)
         if self.actors[call.actor] is call.handle:
             try:
                 self.ray.kill(call.handle, no_restart=True)
-            except Exception:  # already gone
+            except Exception:  # noqa: BLE001 - already gone
                 pass
             self.actors[call.actor] = self.make(call.actor)
             self.replaced += 1
+        if getattr(error, "actor_init_failed", False):  # it never started: a retry would fail the same way
+            self._fail(call, Error(f"a Ray worker could not start: {error}",
+                                   hint="relmql, torch and the model must be installed on every node of the "
+                                        "cluster (see docs/ray.md)"))
+            return
+        self._requeue(call, charge=True)
+
+    def _requeue(self, call: _Call, charge: bool) -> None:
+        """Queue ``call``'s unfinished plans again, at the front. With ``charge``, its first
+        unfinished plan (the one that was running; those after it had not started) counts a
+        retry, and fails its job after ``MAX_RETRIES``."""
         if call.job.cancelled:
             return
-        again = []
-        for u in call.units:
-            unit = call.job.units[u]
-            if unit.done:
-                continue
+        again = [u for u in call.units if not call.job.units[u].done]
+        if charge and again:
+            unit = call.job.units[again[0]]
             unit.retries += 1
             if unit.retries > MAX_RETRIES:
                 unit.done = True
                 unit.error = Error(f"a worker died {MAX_RETRIES + 1} times running the same query; giving up",
                                    hint="see the Ray logs of the dead workers (out of memory?)")
-                continue
-            again.append((call.job, u))
-            self.retried += 1
-        self.queue.extendleft(reversed(again))
+                again = again[1:]
+        self.retried += len(again)
+        self.resumed += sum(1 for u in again if call.job.units[u].received)
+        self.queue.extendleft((call.job, u) for u in reversed(again))
 
     def info(self) -> List[dict]:
         """Each worker's process id and GPUs (``Worker.info``)."""
         return self.ray.get([a.info.remote() for a in self.actors])
 
     def close(self) -> None:
-        """Stop every worker."""
-        with self._lock:
+        """Stop every worker; jobs not finished then fail when read."""
+        with self.lock:
+            self.closed = True
             for a in self.actors:
                 try:
                     self.ray.kill(a, no_restart=True)
-                except Exception:
+                except Exception:  # noqa: BLE001 - already gone
                     pass
             self.actors, self.calls, self.queue = [], {}, deque()

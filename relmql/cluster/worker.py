@@ -13,7 +13,7 @@ import io
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import Error
 from ..execute import Mass, Row
@@ -25,8 +25,9 @@ SECONDS_PER_PIECE = 0.2
 @dataclass
 class Piece:
     """Part of one plan's result: ``rows`` (each with its rank) continue those sent before;
-    ``done`` ends the plan, with what it printed on stderr (``warnings``), whether its search
-    stopped at ``max_nodes``, and the ``Error`` it raised, if any."""
+    ``warnings``: what the plan printed on stderr since the last piece; ``mass``: how a measured
+    plan's language was measured (sent once, with the first piece that has it); ``done`` ends the
+    plan, with whether its search stopped at ``max_nodes`` and the ``Error`` it raised, if any."""
 
     unit: int  # position of the plan in the call
     rows: List[Tuple[Row, int]] = field(default_factory=list)
@@ -47,34 +48,40 @@ class Worker:
         from ..api import Connection
         torch.set_num_threads(max(1, int(threads)))
         self.con = Connection()
-        self._call: Optional[int] = None
-        self._cancel = threading.Event()
-        self._cancelled: Set[int] = set()
+        self._events: Dict[int, threading.Event] = {}  # call -> set when it is cancelled
         if preload is not None:
             try:
                 self.con.model(preload)
-            except Error:
+            except Exception:  # noqa: BLE001 - the queries that use the model report why it fails
                 pass
 
     def run(self, call: int, plans: Sequence[Tuple[object, int]]) -> Iterator[Piece]:
         """The pieces of each ``(plan, skip)`` in order; the first ``skip`` rows of a plan are not
         sent (a retried plan whose first rows the driver already holds)."""
-        if call in self._cancelled:
-            return
-        self._call, self._cancel = call, threading.Event()
-        for unit, (plan, skip) in enumerate(plans):
-            yield from self._plan(unit, plan, skip)
-            if self._cancel.is_set():
-                return
+        cancel = self._events.setdefault(call, threading.Event())
+        try:
+            for unit, (plan, skip) in enumerate(plans):
+                if cancel.is_set():
+                    return
+                yield from self._plan(unit, plan, skip, cancel)
+        finally:
+            self._events.pop(call, None)
 
-    def _plan(self, unit: int, plan, skip: int) -> Iterator[Piece]:
+    def _plan(self, unit: int, plan, skip: int, cancel: threading.Event) -> Iterator[Piece]:
         from ..engine import query_rows
         err = io.StringIO()
         piece = Piece(unit)
         masses: list = []
         stopped: list = []
         seen, sent_mass, last = 0, False, time.monotonic()
-        rows = query_rows(plan, self.con.model, self._cancel, stopped=stopped, masses=masses)
+        rows = query_rows(plan, self.con.model, cancel, stopped=stopped, masses=masses)
+
+        def take_warnings(p: Piece) -> Piece:
+            p.warnings = err.getvalue()
+            err.seek(0)
+            err.truncate()
+            return p
+
         try:
             while True:
                 with contextlib.redirect_stderr(err):
@@ -85,22 +92,21 @@ class Worker:
                 if seen <= skip:
                     continue
                 piece.rows.append((env.row, env.rank))
-                if masses and not sent_mass:
+                if masses and not sent_mass:  # one Mass object per plan: its rows share it
                     piece.mass, sent_mass = masses[0], True
                 if len(piece.rows) >= ROWS_PER_PIECE or time.monotonic() - last >= SECONDS_PER_PIECE:
-                    yield piece
+                    yield take_warnings(piece)
                     piece, last = Piece(unit), time.monotonic()
         except Error as e:
             piece.error = e
-        piece.done, piece.stopped, piece.warnings = True, bool(stopped), err.getvalue()
-        piece.mass = masses[0] if masses else None
-        yield piece
+        piece.done, piece.stopped = True, bool(stopped)
+        if masses and not sent_mass:
+            piece.mass = masses[0]
+        yield take_warnings(piece)
 
     def cancel(self, call: int) -> bool:
         """Stop call ``call`` before its next model call (or before it starts)."""
-        self._cancelled.add(call)
-        if self._call == call:
-            self._cancel.set()
+        self._events.setdefault(call, threading.Event()).set()
         return True
 
     def info(self) -> dict:

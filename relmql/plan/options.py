@@ -140,7 +140,7 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
                "with device cuda or auto, otherwise one per CPU)", low=1, session_only=True),
     OptionSpec("ray_address", "text", "", "session",
                "engine ray: the cluster to join: '' (RAY_ADDRESS, or a new local instance), 'auto' (the "
-               "running one), 'HOST:6379' or 'ray://HOST:10001'", session_only=True),
+               "running one) or 'HOST:6379'", session_only=True),
 )}
 
 
