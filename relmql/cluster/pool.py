@@ -126,9 +126,14 @@ class Pool:
             self._dispatch()
 
     def cancel(self, job: Job) -> None:
-        """Drop ``job``'s queued plans and stop its running calls, at the next ``pump`` (this may
-        run in a garbage collection inside another job's ``pump``, so it changes nothing else)."""
-        job.cancelled = True
+        """Tell the workers running ``job`` to stop (at their next model call); its queued plans
+        and calls are dropped at the next ``pump``. This may run in a garbage collection inside
+        another job's ``pump``, so it changes no table of the pool."""
+        with self.lock:
+            job.cancelled = True
+            for call in list(self.calls.values()):
+                if call.job is job:
+                    call.handle.cancel.remote(call.id)
 
     def pump(self, timeout: float) -> bool:
         """Start calls on idle workers, then take in what the workers have sent (waiting up to
@@ -147,8 +152,7 @@ class Pool:
     def _reap(self) -> None:
         """Forget the calls and queued plans of cancelled jobs; tell their workers to stop."""
         for gen, call in list(self.calls.items()):
-            if call.job.cancelled:  # the worker stops at its next model call; what it sent is dropped
-                call.handle.cancel.remote(call.id)
+            if call.job.cancelled:  # told to stop by cancel(); what it sent is dropped
                 del self.calls[gen]
         if any(job.cancelled for job, _ in self.queue):
             self.queue = deque(q for q in self.queue if not q[0].cancelled)
