@@ -24,11 +24,11 @@ from typing import Dict, List
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RQL = HERE / "paper" / "lambada.rql"
+sys.path.insert(0, str(HERE / "paper"))  # common: the paper's statement files
 
 
 def statement(rows: int) -> str:
     """The baseline statement of lambada.rql on its first ``rows`` data rows."""
-    sys.path.insert(0, str(HERE / "paper"))
     from common import statements
     text = dict(statements(RQL))["baseline"]
     head, sep, tail = text.rpartition("LIMIT ")
@@ -62,26 +62,36 @@ BIAS = HERE / "paper" / "bias.rql"
 def script(draws: int) -> str:
     """The sampled statements of bias.rql that have the prefix (8 independent queries), with
     ``draws`` draws each instead of 5000."""
-    sys.path.insert(0, str(HERE / "paper"))
     from common import statements
     chosen = [text for name, text in statements(BIAS) if name.startswith("sampled") and name.endswith(("man", "woman"))]
     return "".join(text.replace("SAMPLE 5000", f"SAMPLE {draws}") + ";\n" for text in chosen)
+
+
+def session(name: str, model: str, dtype: str):
+    """``(connection, engine, workers, threads)`` of configuration ``name``, its model loaded
+    (with Ray: Ray, the workers and their models up)."""
+    import relmql
+    cpus = os.cpu_count() or 1
+    engine, workers, threads = (cpus if v == "all" else v for v in CONFIGS[name])
+    if engine == "local":
+        con = relmql.connect(model=model, dtype=dtype, threads=threads)
+        con.model()
+    else:
+        import ray
+        ray.init(num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
+        con = relmql.connect(model=model, dtype=dtype, engine="ray", workers=workers, threads=threads)
+        con.sql("SELECT text MATCHING 'a' LIMIT 1").fetchall()
+    return con, engine, workers, threads
 
 
 def one_script(name: str, draws: int, model: str, dtype: str) -> Dict:
     """The bias script in this (fresh) process, through the command line's script runner."""
     import io
 
-    import relmql
     from relmql.cli import run_script
-    cpus = os.cpu_count() or 1
-    engine, workers, threads = (cpus if v == "all" else v for v in CONFIGS[name])
-    if engine == "ray":
-        import ray
-        ray.init(num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
-    con = relmql.connect(model=model, dtype=dtype, threads=threads, engine=engine,
-                         workers=workers if engine == "ray" else None)
-    con.sql("SELECT text MATCHING 'a' LIMIT 1").fetchall()  # the model (or the workers) loaded
+    con, engine, _, _ = session(name, model, dtype)
+    if engine == "local":  # as the workers were, by session()
+        con.sql("SELECT text MATCHING 'a' LIMIT 1").fetchall()
     text = script(draws)
     out, err = io.StringIO(), io.StringIO()
     start = time.perf_counter()
@@ -95,20 +105,10 @@ def one_script(name: str, draws: int, model: str, dtype: str) -> Dict:
 
 def one(name: str, n_rows: int, model: str, dtype: str) -> Dict:
     """One configuration, in this (fresh) process: its start-up, its query and its rows."""
-    import relmql
     os.chdir(ROOT)  # the statement's data path is relative to the repository root
     sql = statement(n_rows)
-    cpus = os.cpu_count() or 1
-    engine, workers, threads = (cpus if v == "all" else v for v in CONFIGS[name])
     start = time.perf_counter()
-    if engine == "local":
-        con = relmql.connect(model=model, dtype=dtype, threads=threads)
-        con.model()
-    else:
-        import ray
-        ray.init(num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
-        con = relmql.connect(model=model, dtype=dtype, engine="ray", workers=workers, threads=threads)
-        con.sql("SELECT text MATCHING 'a' LIMIT 1").fetchall()  # Ray, the workers and their models are up
+    con, engine, workers, threads = session(name, model, dtype)
     startup = time.perf_counter() - start
     r = measure(con, sql)
     con.close()

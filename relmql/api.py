@@ -251,6 +251,7 @@ class Connection:
         self.settings: Dict[str, Any] = defaults()
         self._models: Dict[tuple, LanguageModel] = {}
         self._cluster = None
+        self._cluster_key: Optional[tuple] = None  # the settings it was started with
         given = dict(options, model=model, device=device, dtype=dtype, seed=seed, ray_address=address, engine=engine)
         for name, value in given.items():
             if value is not None:
@@ -279,12 +280,13 @@ class Connection:
         from .cluster import Cluster
         s = self.settings
         key = (s["ray_address"], s["workers"], s["device"] != "cpu", s["threads"])
-        if self._cluster is not None and self._cluster.key != key:
+        if self._cluster is not None and self._cluster_key != key:
             self._cluster.close()
             self._cluster = None
         if self._cluster is None:
             preload = ModelRef(s["model"], s["device"], s["dtype"])
             self._cluster = Cluster(s["ray_address"], s["workers"], s["device"], preload, s["threads"])
+            self._cluster_key = key
             print(f"ray: {self._cluster.where}", file=sys.stderr)
         return self._cluster
 

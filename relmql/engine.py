@@ -225,13 +225,13 @@ def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
     on_total, masses)``: where the result rows come from instead of this process (the Ray
     engine's ``Statement.rows``)."""
     masses: list = []
+    if not isinstance(plan, DatasetPlan) and on_total is not None and hasattr(plan.traversal, "n"):
+        on_total(plan.traversal.n)
     if rows is not None:
         envs = rows(cancel, progress, on_total, masses)
     elif isinstance(plan, DatasetPlan):
         envs = _dataset_rows(plan, models, cancel, progress, on_total, masses)
     else:
-        if on_total is not None and hasattr(plan.traversal, "n"):
-            on_total(plan.traversal.n)
         envs = query_rows(plan, models, cancel, progress, masses=masses, on_total=on_total)
     outputs = plan.outputs
     if not plan.aggregate:

@@ -76,11 +76,8 @@ def connect(args):
     """A relmql session on the experiment's model, run from the repository root (the ``.rql``
     files name the data as ``../shared/data/...``)."""
     import relmql
-    if getattr(args, "threads", None):
-        import torch
-        torch.set_num_threads(args.threads)
     os.chdir(ROOT)
-    return relmql.connect(model=args.model, dtype=args.dtype)
+    return relmql.connect(model=args.model, dtype=args.dtype, threads=getattr(args, "threads", None))
 
 
 def out_dir(args) -> Path:

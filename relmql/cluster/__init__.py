@@ -48,7 +48,6 @@ class Cluster:
                  preload: Optional[ModelRef] = None, threads: Optional[int] = None):
         ray = require_ray()
         self.ray = ray
-        self.key = (address, workers, device != "cpu", threads)  # the settings it was made for
         self.owns_ray = False
         if address.startswith("ray://"):
             raise Error("ray_address: Ray Client (ray://) cannot stream rows back, which the ray engine needs",
@@ -199,8 +198,6 @@ class Statement:
         dataset = isinstance(self.plan, DatasetPlan)
         if on_total is not None and dataset:
             on_total(len(self.selected))
-        elif on_total is not None and hasattr(self.plan.traversal, "n"):
-            on_total(self.plan.traversal.n)
         stopped = []
         measured = set()
         current = regex = None

@@ -69,7 +69,7 @@ class Job:
                     with self.pool.lock:
                         new, unit.pending = unit.pending, []
                         warnings, unit.warnings = unit.warnings, ""
-                        done = unit.done and not unit.pending
+                        done = unit.done
                     if new or warnings or done:
                         yield unit, new, warnings, done
                         if done:
