@@ -103,11 +103,17 @@ def _init(ray, address: str) -> None:
     done: "queue.Queue[Optional[BaseException]]" = queue.Queue()
 
     def keeper():
+        # Ray notes that it cannot set its SIGTERM handler outside the main thread: it is this
+        # thread by design, so the note is left out
+        quiet = logging.getLogger("ray._private.worker")
+        quiet.addFilter(_no_sigterm_note)
         try:
             ray.init(address=address or None, logging_level=logging.WARNING)
         except BaseException as e:  # handed to the caller
             done.put(e)
             return
+        finally:
+            quiet.removeFilter(_no_sigterm_note)
         done.put(None)
         threading.Event().wait()
 
@@ -123,6 +129,10 @@ def cpu_share(node_cpus: List[float], n: int) -> float:
     fits = lambda share: sum(int(c / share + 1e-9) for c in node_cpus) >= n  # noqa: E731
     candidates = sorted({c / k for c in node_cpus if c > 0 for k in range(1, n + 1)}, reverse=True)
     return next((share for share in candidates if fits(share)), max(node_cpus) / n)
+
+
+def _no_sigterm_note(record: logging.LogRecord) -> bool:
+    return "SIGTERM handler is not set" not in record.getMessage()
 
 
 @functools.lru_cache(maxsize=None)
