@@ -182,3 +182,109 @@ def test_case_insensitive_check_does_not_leak_warnings():
 @pytest.mark.parametrize("pattern", [r"\w{36}", r"[^\W\d_]{1,40}", "x" * 17_000])
 def test_size_estimate_is_close_to_the_real_size(pattern):
     assert language(pattern).dfa.num_states < 100_000
+
+
+# ---- repetitions: nullable items, items whose copies overlap, rows of optional items
+
+ROW = "a?b?a?a?b?ab?b?a?b?b?a?a?b?"  # no repeated block: built one item at a time
+
+
+@pytest.mark.parametrize("pattern,alphabet", [
+    ("(?:a?){7}", "ab"), ("(?:a|b?){5}", "ab"), ("X?(R||){6}", "XRa"), ("(a|ab){0,5}", "ab"),
+    ("(a*){4}", "ab"), ("(?:a{0,3}){3}", "ab"), ("((ab)?c?){4}", "abc"), ("(?:a{2,3}){0,4}", "ab"),
+    ("(?:a{2,3}){2,4}", "ab"), ("(a|aa){3,6}", "ab"), ("(?:a*b|a){0,3}", "ab"), ("(?:ab|a){2,}", "ab"),
+    ("(?:a?b?){3,5}", "ab"), ("(?:a+b?){2,4}", "ab"), ("(?:(?:ab)?c?){2,}", "abc"), ("(?:[ab]{1,2}){2,3}", "abc"),
+    ("(?:é|éa|a){0,4}", "éab"), ("(?:a{2}){1,3}", "ab"), ("(?:a{2,}){0,3}", "ab"), ("(?:a{2,}){2,3}", "ab"),
+    ("(?:(?:)|a){3}", "ab"), ("b(?:){5}", "ab"), ("(?:[^\\x00-\\U0010ffff]){0,3}b", "ab"),
+    ("b(?:[^\\x00-\\U0010ffff]){2,3}|a", "ab"), ("(?:[^\\x00-\\U0010ffff])*b", "ab"), ("a?a?a?b?b?", "ab"),
+    ("(?:a?b?)" * 6, "ab"), ("a?b?" * 7 + "c" + "(?:ab)?" * 5, "abc"), (ROW, "ab"), (f"c{ROW}c{ROW}", "abc"),
+    ("((a|b)?){3}a", "ab"), ("(?:(?:a|ab)(?:c|bcd)?){0,3}", "abcd"), ("(?:a|b|ab){1,4}", "ab"),
+    ("(?:a{1,2}b?){0,3}", "ab"), ("abc{2}d?(?:ef)?", "abcdef"),
+])
+def test_repetitions_match_re(pattern, alphabet):
+    check(pattern, list(strings(alphabet, 8 if len(alphabet) <= 3 else 6)))
+
+
+def split_counts(item: str, text: str) -> int:
+    """The numbers of non-empty strings of ``item`` that ``text`` splits into, as a bit set (bit k:
+    k strings), by dynamic programming over ``re.fullmatch`` of ``item`` on every substring."""
+    piece = re.compile(item)
+    counts = [1] + [0] * len(text)
+    for j in range(1, len(text) + 1):
+        for i in range(j):
+            if counts[i] and piece.fullmatch(text[i:j]):
+                counts[j] |= counts[i] << 1
+    return counts[-1]
+
+
+def repeat_oracle(item: str, lo: int, hi: int, text: str) -> bool:
+    """Whether ``text`` fully matches ``(?:item){lo,hi}``, without running that pattern in ``re``
+    (which backtracks exponentially on some of these)."""
+    counts = split_counts(item, text)
+    nullable = re.fullmatch(item, "") is not None
+    return any(counts >> k & 1 and (nullable or k >= lo) for k in range(hi + 1))
+
+
+@pytest.mark.parametrize("item,lo,hi,pieces", [
+    ("(ab)?c?", 0, 300, ["ab", "c", "abc"]),
+    ("a|ab", 0, 500, ["a", "ab"]),
+    ("a|aa", 20, 600, ["a", "aa"]),
+    ("a{2,3}", 0, 400, ["aa", "aaa"]),
+    (r"\w+\s?", 0, 100, ["wörd", "a", "b ", "é\n"]),
+    ("a?b?", 3, 400, ["a", "b", "ab"]),
+    ("(?:a|b)*c?", 0, 300, ["ab", "c", "bac", "a"]),
+])
+def test_long_repetitions_match_a_split_oracle(item, lo, hi, pieces):
+    import random
+    rng = random.Random(0)
+    dfa = language(f"(?:{item}){{{lo},{hi}}}").dfa
+    for _ in range(12):
+        k = rng.choice([rng.randrange(hi + 1), hi, hi + 1, lo, max(lo - 1, 0)])
+        text = "".join(rng.choice(pieces) for _ in range(k))
+        if rng.random() < 0.3 and text:  # a change that may or may not leave the language
+            at = rng.randrange(len(text))
+            text = text[:at] + rng.choice(["b", "c", "a", ""]) + text[at + 1:]
+        got = accepts_all(dfa, [text])[0]
+        assert got == repeat_oracle(item, lo, hi, text), (item, lo, hi, text)
+
+
+@pytest.mark.parametrize("pattern,count", [
+    ("X?(R||){3335}", 2 * 3336),  # from PCRE's tests: once more than 300 s
+    ("(?:a?){400}", 401),
+    ("(?:a|b?){400}", 2 ** 401 - 1),  # [ab]{0,400}
+    ("(a*){100}", None),
+    ("(?:a{0,3}){200}", 601),
+    ("(?:a{2,3}){0,1000}", 3000),  # 0, then 2 to 3000 a's
+    ("(a|aa){0,2000}", 4001),
+    ("(?:a|b){3,5000}", sum(2 ** k for k in range(3, 5001))),
+    ("(?:ab|a){1000,2000}", sum(2 ** k for k in range(1000, 2001))),  # a word of {a, ab} reads one way
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_repetition_sizes(pattern, count):
+    assert language(pattern).num_strings == count
+
+
+def test_source_size_is_checked_before_parsing():
+    from relmql.automata import fsa
+    words = "|".join(f"w{i}" for i in range(30_000))
+    with pytest.raises(CompileError) as info:
+        fsa.check_source(words, 100_000)
+    err = info.value
+    assert "at least" in err.message and "limit of 100,000" in err.message and "max_states" in err.hint
+    assert err.span == (0, len(words))
+    fsa.check_source("(?#" + "x" * 200_000 + ")a", 100_000)  # a comment: no states
+    fsa.check_source("(?:" + "x" * 200_000 + "){0}a", 100_000)  # repeated zero times
+    fsa.check_source("[" + "x" * 200_000 + "]", 100_000)  # one class
+    fsa.check_source("(?x)" + " " * 200_000 + "a", 100_000)  # verbose spaces
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(regexes(), st.sampled_from(["", "(?i)", "(?s)", "(?x)", "(?x:a b)", "\\ud800", "a{0}", "(?#c)", "[^\\s\\S]"]),
+       st.sampled_from(["", "\\x61", "\\N{EM DASH}", "\\u00e9", "\\101", "\\.", "{", "}", "(?P<n>é)", "\\Z"]))
+def test_source_atoms_are_a_lower_bound_of_the_estimate(pattern, before, after):
+    from relmql.automata import fsa
+    pattern = before + pattern + after
+    try:
+        parsed = rx.parse(pattern)
+    except RegexError:
+        return
+    assert rx.atom_count(pattern) <= fsa.estimate_states(fsa.simplify(parsed.root)) - 1

@@ -28,6 +28,9 @@ NBYTES = 256
 SPLIT_COL = 256  # column of SPLIT in ByteDFA.delta
 
 _ONE = pynini.Weight.one("tropical")
+SUBSET_BUDGET = 100  # subset-construction elements per allowed state, in repetitions
+SHORT_ROW = 8  # optional items in a row that are concatenated at once
+ROW_BUDGET = 10  # states determinized per allowed state, for longer rows
 
 
 def lab(byte: int) -> int:
@@ -104,6 +107,22 @@ def chars_fst(chars: CodepointSet) -> pynini.Fst:
 # ---------------------------------------------------------------- regex AST → acceptor
 
 
+def check_source(source: str, max_states: int) -> None:
+    """Refuse a pattern whose source alone shows that it is over the size limit, before it is
+    parsed (a list of a million words would take minutes and gigabytes to parse)."""
+    if len(source) < max_states:
+        return  # each state is at least one character
+    atoms = rx.atom_count(source)
+    if atoms >= max_states:
+        raise _too_large(f"at least {atoms + 1:,}", max_states, (0, len(source)), source,
+                         "use fewer or shorter alternatives, or raise the limit (max_states)")
+
+
+def _too_large(size: str, max_states: int, span, source, hint: str) -> CompileError:
+    return CompileError(f"this pattern needs an automaton of {size} states, more than the limit of "
+                        f"{max_states:,}", span, source, hint=hint)
+
+
 def estimate_states(node: rx.Node) -> int:
     """An estimate of the automaton's size, checked before anything is built."""
     return _growth(node) + 1
@@ -113,6 +132,8 @@ def _growth(node: rx.Node) -> int:
     """How many states a node adds when chained after another."""
     if isinstance(node, rx.Chars):
         return _chars_fst_cached(node.chars.ranges).num_states() - 1 if node.chars else 0
+    if isinstance(node, rx.Text):
+        return len(node.text.encode("utf-8"))
     if isinstance(node, rx.Seq):
         return sum(_growth(n) for n in node.items)
     if isinstance(node, rx.Alt):
@@ -120,9 +141,29 @@ def _growth(node: rx.Node) -> int:
     if isinstance(node, rx.Group):
         return _growth(node.item)
     if isinstance(node, rx.Repeat):
-        copies = node.max if node.max is not None else node.min + 1
-        return _growth(node.item) * max(1, copies) + 1
+        if node.max == 0:
+            return 0
+        if node.max is not None:
+            copies = node.max
+        else:  # a nullable item is repeated as its star (see _build)
+            copies = 1 if _nullable(node.item) else node.min + 1
+        return _growth(node.item) * copies + 1
     return 0
+
+
+def _nullable(node: rx.Node) -> bool:
+    """Whether the node matches the empty string."""
+    if isinstance(node, rx.Text):
+        return not node.text
+    if isinstance(node, rx.Seq):
+        return all(_nullable(n) for n in node.items)
+    if isinstance(node, rx.Alt):
+        return any(_nullable(n) for n in node.items)
+    if isinstance(node, rx.Group):
+        return _nullable(node.item)
+    if isinstance(node, rx.Repeat):
+        return node.min == 0 or _nullable(node.item)
+    return not isinstance(node, rx.Chars)
 
 
 def _largest_repeat(node: rx.Node, limit: int) -> rx.Node:
@@ -138,39 +179,200 @@ def _largest_repeat(node: rx.Node, limit: int) -> rx.Node:
     return node
 
 
+def _row_cost(node: rx.Node):
+    """The work of building the long rows of optional items (see ``_in_a_row``: each part
+    determinizes the row so far), and the costliest row."""
+    total, worst, worst_cost = 0, (), -1
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, (rx.Seq, rx.Alt)):
+            stack.extend(n.items)
+        elif isinstance(n, (rx.Group, rx.Repeat)):
+            stack.append(n.item)
+        if not isinstance(n, rx.Seq):
+            continue
+        row = []
+        for item in n.items + (None,):
+            if item is not None and _nullable(item):
+                row.append(item)
+                continue
+            if len(row) > SHORT_ROW:
+                cost = len(row) * sum(_growth(x) for x in row) // 2
+                total += cost
+                if cost > worst_cost:
+                    worst, worst_cost = tuple(row), cost
+            row = []
+    return total, worst
+
+
+# ---- rewrites that keep the language and make repetitions cheaper to build
+
+
+def simplify(node: rx.Node) -> rx.Node:
+    """``node`` with repetitions of repetitions as one repetition where that is exact, and runs
+    of equal items in a sequence as one repetition (``a?a?a?`` is ``a{0,3}``)."""
+    if isinstance(node, rx.Seq):
+        items = []
+        for item in (simplify(n) for n in node.items):
+            if items:
+                merged = _merge(items[-1], item)
+                if merged is not None:
+                    items[-1] = merged
+                    continue
+            items.append(item)
+        items = _fold(items)
+        return items[0] if len(items) == 1 else rx.Seq(node.span, tuple(items))
+    if isinstance(node, rx.Alt):
+        return rx.Alt(node.span, tuple(simplify(n) for n in node.items))
+    if isinstance(node, rx.Group):
+        return rx.Group(node.span, simplify(node.item), node.index, node.name)
+    if isinstance(node, rx.Repeat):
+        return _unnest(rx.Repeat(node.span, simplify(node.item), node.min, node.max))
+    return node
+
+
+def _fold(items: List[rx.Node]) -> List[rx.Node]:
+    """Long rows of optional items with a repeated block, ``x?y?x?y?x?y?...``, as repetitions
+    of the block (which are built in linear time, unlike the row; see ``_in_a_row``)."""
+    out, i = [], 0
+    nullable = [_nullable(n) for n in items] + [False]
+    while i < len(items):
+        end = i
+        while nullable[end]:
+            end += 1
+        if end - i <= SHORT_ROW:
+            out.extend(items[i:end + 1])
+            i = end + 1
+            continue
+        while i < end:
+            for p in range(2, SHORT_ROW + 1):
+                k = 1
+                while i + (k + 1) * p <= end and all(_same(items[i + j], items[i + k * p + j]) for j in range(p)):
+                    k += 1
+                if k > 1:
+                    block = rx.Seq((items[i].span[0], items[i + p - 1].span[1]), tuple(items[i:i + p]))
+                    out.append(rx.Repeat((block.span[0], items[i + k * p - 1].span[1]), block, k, k))
+                    i += k * p
+                    break
+            else:
+                out.append(items[i])
+                i += 1
+    return out
+
+
+def _counts(node: rx.Node):
+    """(item, min, max): ``node`` as a repetition."""
+    if isinstance(node, rx.Repeat):
+        return node.item, node.min, node.max
+    return node, 1, 1
+
+
+def _merge(a: rx.Node, b: rx.Node) -> Optional[rx.Node]:
+    """x{i,j} x{k,l} = x{i+k,j+l}; None when ``a`` and ``b`` repeat different items."""
+    x, i, j = _counts(a)
+    y, k, l = _counts(b)
+    if not _same(x, y):
+        return None
+    hi = None if j is None or l is None else j + l
+    return _unnest(rx.Repeat((a.span[0], b.span[1]), x, i + k, hi))
+
+
+def _same(a: rx.Node, b: rx.Node) -> bool:
+    """Whether two nodes are the same pattern (groups and spans aside)."""
+    while isinstance(a, rx.Group):
+        a = a.item
+    while isinstance(b, rx.Group):
+        b = b.item
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, rx.Chars):
+        return a.chars == b.chars
+    if isinstance(a, rx.Text):
+        return a.text == b.text
+    if isinstance(a, (rx.Seq, rx.Alt)):
+        return len(a.items) == len(b.items) and all(_same(x, y) for x, y in zip(a.items, b.items))
+    if isinstance(a, rx.Repeat):
+        return (a.min, a.max) == (b.min, b.max) and _same(a.item, b.item)
+    return False
+
+
+def _unnest(node: rx.Repeat) -> rx.Node:
+    """(y{a,b}){m,n} as y{ma,nb}: exact when the counts ja..jb for j = m..n leave no gap, since
+    y{i} y{k} = y{i+k} for any y."""
+    inner = node.item
+    while isinstance(inner, rx.Group):
+        inner = inner.item
+    if not isinstance(inner, rx.Repeat) or node.max == 0 or inner.max == 0:
+        return node
+    a, b, m, n = inner.min, inner.max, node.min, node.max
+    if b is None:
+        joined = m == n or m >= 1 or a <= 1
+    else:
+        joined = m == n or (m + 1) * a <= m * b + 1  # if j = m meets j = m+1, every larger j does
+    if not joined:
+        return node
+    hi = None if b is None or n is None else n * b
+    return _unnest(rx.Repeat(node.span, inner.item, m * a, hi))
+
+
 def regex_fst(pattern: rx.Pattern, max_states: int) -> pynini.Fst:
     """The acceptor of ``pattern``'s language over bytes (optimized)."""
-    est = estimate_states(pattern.root)
+    root = simplify(pattern.root)
+    est = estimate_states(root)
     if est > max_states:
-        culprit = _largest_repeat(pattern.root, max_states)
-        raise CompileError(f"this pattern needs an automaton of about {est:,} states, more than the limit "
-                           f"of {max_states:,}", culprit.span, pattern.source,
-                           hint="lower the repetition counts, or raise the limit (max_states)")
-    root = pattern.root
+        culprit = _largest_repeat(root, max_states)
+        raise _too_large(f"about {est:,}", max_states, culprit.span, pattern.source,
+                         "lower the repetition counts, or raise the limit (max_states)")
+    cost, row = _row_cost(root)
+    if cost > ROW_BUDGET * max_states:
+        raise CompileError(f"{len(row):,} optional items in a row are too costly to build",
+                           (row[0].span[0], row[-1].span[1]), pattern.source,
+                           hint="write repeated items as one repetition (x{m,n}), or raise the limit (max_states)")
     while isinstance(root, rx.Group):
         root = root.item
     fst = _build(root, max_states, pattern.source)
-    if isinstance(root, (rx.Seq,)):  # the other nodes come out optimized
+    if isinstance(root, (rx.Seq, rx.Text)):  # the other nodes come out optimized
         fst = optimize(fst, max_states, root.span, pattern.source)
     return fst
+
+
+def _is_final(fst: pynini.Fst, state: int) -> bool:
+    return fst.final(state) != pynini.Weight.zero("tropical")
 
 
 def _build(node: rx.Node, max_states: int, source: str) -> pynini.Fst:
     if isinstance(node, rx.Chars):
         return chars_fst(node.chars) if node.chars else empty_fst()
+    if isinstance(node, rx.Text):
+        return bytes_fst(node.text.encode("utf-8"))
     if isinstance(node, rx.Seq):
-        parts, run = [], []
+        parts, text = [], []  # (fst, nullable)
         for item in node.items:  # runs of literal characters become one chain
-            if isinstance(item, rx.Chars) and len(item.chars.ranges) == 1 and item.chars.ranges[0][0] == item.chars.ranges[0][1]:
-                run.append(chr(item.chars.ranges[0][0]))
+            if isinstance(item, rx.Text):
+                text.append(item.text)
+            elif isinstance(item, rx.Chars) and len(item.chars.ranges) == 1 and item.chars.ranges[0][0] == item.chars.ranges[0][1]:
+                text.append(chr(item.chars.ranges[0][0]))
+            else:
+                if text:
+                    parts.append((bytes_fst("".join(text).encode("utf-8")), False))
+                    text = []
+                parts.append((_build(item, max_states, source), _nullable(item)))
+        if text:
+            parts.append((bytes_fst("".join(text).encode("utf-8")), False))
+        out, row = [], []
+        for fst, nullable in parts + [(None, False)]:
+            if nullable:
+                row.append(fst)
                 continue
-            if run:
-                parts.append(bytes_fst("".join(run).encode("utf-8")))
-                run = []
-            parts.append(_build(item, max_states, source))
-        if run:
-            parts.append(bytes_fst("".join(run).encode("utf-8")))
-        return concat_all(parts)
+            if len(row) > SHORT_ROW:
+                out.append(_in_a_row(row, max_states, node.span, source))
+            else:
+                out.extend(row)
+            row = []
+            if fst is not None:
+                out.append(fst)
+        return concat_all(out)
     if isinstance(node, rx.Alt):
         return optimize(pynini.union(*[_build(n, max_states, source) for n in node.items]), max_states,
                         node.span, source)
@@ -180,31 +382,119 @@ def _build(node: rx.Node, max_states: int, source: str) -> pynini.Fst:
         if node.max == 0:
             return epsilon_fst()  # pynini reads an upper bound of 0 as "unbounded"
         item = optimize(_build(node.item, max_states, source), max_states, node.span, source)
-        rep = item.closure(node.min) if node.max is None else item.closure(node.min, node.max)
         # a bounded run of one character class is a chain of copies: already minimal
         chain = isinstance(node.item, rx.Chars) and node.max is not None
-        return optimize(rep, max_states, node.span, source, minimal=chain)
+        return _repeat(item, node.min, node.max, max_states, node.span, source, chain)
     raise AssertionError(node)  # pragma: no cover
 
 
+def _in_a_row(parts: List[pynini.Fst], max_states: int, span, source: str) -> pynini.Fst:
+    """The concatenation of many optional parts, determinized one part at a time. (All at once,
+    a state of the subset construction may hold any set of positions in the row: exponential.)"""
+    acc = parts[0]
+    for part in parts[1:]:
+        acc = optimize(acc.concat(part), max_states, span, source)
+    return acc
+
+
+def _repeat(item: pynini.Fst, lo: int, hi: Optional[int], max_states: int, span, source: str,
+            chain: bool = False) -> pynini.Fst:
+    """``item{lo,hi}`` (``hi`` None: unbounded) of an optimized acceptor, optimized."""
+    start = item.start()
+    if start >= 0 and _is_final(item, start):
+        # r{m,n} = (r without "")^{0,n}: the m copies may be empty. (pynini's closure of a
+        # nullable item chains epsilon closures through every copy: cubic determinization.)
+        arcs = list(item.arcs(start))
+        if not arcs:
+            return epsilon_fst()  # r is ""
+        start = item.add_state()
+        for arc in arcs:
+            item.add_arc(start, arc)
+        item.set_start(start)
+        item.connect()  # the old start, unless a copy comes back to it
+        lo = 0
+    finals = [s for s in range(item.num_states()) if _is_final(item, s)]
+    if hi is None or hi - lo < 2 or not any(item.num_arcs(s) for s in finals):
+        # copies of an item whose strings are no prefix of one another chain deterministically
+        rep = item.closure(lo) if hi is None else item.closure(lo, hi)
+        return optimize(rep, max_states, span, source, minimal=chain, copies=hi or lo + 1)
+    tail = _at_most(item, finals, hi - lo, max_states)
+    if tail is None:
+        tail = item.copy().closure(0, hi - lo)
+    tail = optimize(tail, max_states, span, source, copies=hi - lo)
+    if lo:
+        head = optimize(item.closure(lo, lo), max_states, span, source, copies=lo)
+        tail = optimize(head.concat(tail), max_states, span, source)
+    return tail
+
+
+def _at_most(item: pynini.Fst, finals: List[int], n: int, max_states: int) -> Optional[pynini.Fst]:
+    """``item{0,n}`` of a deterministic ``item`` without the empty string; None when the
+    construction does not apply.
+
+    Where a copy of ``item`` can end in the middle of a string, the subset construction keeps,
+    for each state of ``item``, every number of copies used so far: quadratic in ``n``. Without a
+    lower bound only the fewest matters. Starting a copy costs 1 in the tropical semiring, and a
+    weighted determinization keeps exactly the fewest, as a weight on the arcs; the result is then
+    laid out in ``n + 1`` layers, one per number of copies, dropping what needs more than ``n``.
+    That fails where the difference between two ways of reading a string grows without bound
+    (``(a*b|a){0,n}``): no weighted automaton is then found below the size limit.
+    """
+    w = item.copy()
+    restart = w.add_state()
+    for arc in list(w.arcs(w.start())):
+        w.add_arc(restart, arc)
+    one = pynini.Weight("tropical", 1)
+    for s in finals:
+        w.add_arc(s, pynini.Arc(EPS, EPS, one, restart))
+    first = w.add_state()
+    w.add_arc(first, pynini.Arc(EPS, EPS, one, restart))
+    w.set_final(first)
+    w.set_start(first)
+    layers = n + 1
+    bound = max_states // layers + 1
+    det = pynini.determinize(w.rmepsilon(), nstate=bound)
+    if det.num_states() >= bound:
+        return None
+    start, final, src, ilabel, weight, dst = _fst_arrays(det)
+    nstates = len(final)
+    weight = np.rint(weight).astype(np.int64)  # copies started on each arc
+    layer = np.arange(layers)[:, None]
+    keep = layer + weight <= n
+    used = np.where(final == np.inf, layers, np.rint(np.where(final == np.inf, 0, final))).astype(np.int64)
+    return _fst_from_arrays(nstates * layers, start, (layer + used <= n).ravel(),
+                            (src + nstates * layer)[keep], np.broadcast_to(ilabel, keep.shape)[keep],
+                            (dst + nstates * (layer + weight))[keep])
+
+
 def optimize(fst: pynini.Fst, max_states: int, span=None, source: Optional[str] = None,
-             minimal: bool = False) -> pynini.Fst:
+             minimal: bool = False, copies: int = 0) -> pynini.Fst:
     """Remove epsilons, determinize and minimize an unweighted acceptor, within ``max_states``
-    (``minimal``: the caller knows that a deterministic result is minimal already)."""
-    fst = fst.rmepsilon()
+    (``minimal``: the caller knows that a deterministic result is minimal already; ``copies``:
+    the acceptor chains that many copies of one item, and a state of the subset construction
+    holds about one state per copy, so its memory is bounded to ``SUBSET_BUDGET * max_states``)."""
+    fst = fst.rmepsilon().connect()
     if fst.properties(pynini.I_DETERMINISTIC, True) == pynini.I_DETERMINISTIC:
         det = fst  # e.g. bounded repetitions of a character class
         if minimal:
             if det.num_states() > max_states:
-                raise CompileError(f"the automaton has more than {max_states:,} states", span, source,
-                                   hint="simplify the pattern, or raise the limit (max_states)")
+                raise _over(max_states, span, source)
             return det
     else:
-        det = pynini.determinize(fst, nstate=max_states + 1)
+        affordable = SUBSET_BUDGET * max_states // copies if copies else max_states
+        det = pynini.determinize(fst, nstate=min(max_states, affordable) + 1)
+        if affordable < max_states and det.num_states() > affordable:
+            raise CompileError("this repetition is too costly to build (a string can be split into its "
+                               "copies in too many ways)", span, source,
+                               hint="lower the repetition counts, or raise the limit (max_states)")
     if det.num_states() > max_states:
-        raise CompileError(f"the automaton has more than {max_states:,} states", span, source,
-                           hint="simplify the pattern, or raise the limit (max_states)")
+        raise _over(max_states, span, source)
     return det.minimize()
+
+
+def _over(max_states: int, span, source) -> CompileError:
+    return CompileError(f"the automaton has more than {max_states:,} states", span, source,
+                        hint="simplify the pattern, or raise the limit (max_states)")
 
 
 # ---------------------------------------------------------------- prefix split, edits, filters
@@ -411,8 +701,9 @@ _FST_MAGIC = 2125659606
 
 
 def _fst_arrays(fst: pynini.Fst):
-    """(start, final?, src, ilabel, dst) of an acceptor, read from OpenFST's binary vector format
-    (one vectorized pass; the text format is the fallback)."""
+    """(start, final weight, src, ilabel, weight, dst) of an acceptor (a final weight of inf:
+    not final), read from OpenFST's binary vector format (one vectorized pass; the text format
+    is the fallback)."""
     data = fst.write_to_string()
     try:
         o = 0
@@ -429,12 +720,11 @@ def _fst_arrays(fst: pynini.Fst):
         o += 32
         if magic != _FST_MAGIC or kinds != [b"vector", b"standard"] or flags & 3:
             raise ValueError("unexpected FST format")
-        final = np.zeros(nstates, bool)
+        final = np.empty(nstates, np.float32)
         offsets = np.empty(nstates, np.int64)
         counts = np.empty(nstates, np.int64)
         for st in range(nstates):
-            w, n = struct.unpack_from("<fq", data, o)
-            final[st] = w != math.inf
+            final[st], n = struct.unpack_from("<fq", data, o)
             offsets[st], counts[st] = o + 12, n
             o += 12 + 16 * n
         # arc records (ilabel, olabel, weight, nextstate) all start at the same offset modulo 4
@@ -443,17 +733,39 @@ def _fst_arrays(fst: pynini.Fst):
         first = (np.repeat(offsets, counts) - shift) // 4
         first += 4 * (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts))
         src = np.repeat(np.arange(nstates), counts)
-        return int(start), final, src, words[first].astype(np.int64), words[first + 3].astype(np.int64)
+        return (int(start), final, src, words[first].astype(np.int64), words[first + 2].view(np.float32),
+                words[first + 3].astype(np.int64))
     except (struct.error, ValueError):  # pragma: no cover - a different OpenFST build
         return _fst_arrays_text(fst)
 
 
 def _fst_arrays_text(fst: pynini.Fst):
     n = fst.num_states()
-    final = np.array([fst.final(s) != pynini.Weight.zero("tropical") for s in range(n)], bool)
-    rows = [(s, a.ilabel, a.nextstate) for s in range(n) for a in fst.arcs(s)]
-    arr = np.array(rows, np.int64).reshape(-1, 3)
-    return fst.start(), final, arr[:, 0], arr[:, 1], arr[:, 2]
+    final = np.array([float(fst.final(s)) for s in range(n)], np.float32)
+    rows = [(s, a.ilabel, a.nextstate, float(a.weight)) for s in range(n) for a in fst.arcs(s)]
+    arr = np.array(rows, np.float64).reshape(-1, 4)
+    ints = arr[:, :3].astype(np.int64)
+    return fst.start(), final, ints[:, 0], ints[:, 1], arr[:, 3].astype(np.float32), ints[:, 2]
+
+
+def _fst_from_arrays(nstates: int, start: int, final: np.ndarray, src: np.ndarray, ilabel: np.ndarray,
+                     dst: np.ndarray) -> pynini.Fst:
+    """An unweighted acceptor from its arrays, written in the binary format ``_fst_arrays`` reads."""
+    order = np.argsort(src, kind="stable")
+    src, ilabel, dst = src[order], ilabel[order], dst[order]
+    counts = np.bincount(src, minlength=nstates)
+    before = np.cumsum(counts) - counts
+    at = 3 * np.arange(nstates) + 4 * before  # each state: final weight, int64 number of arcs
+    words = np.zeros(3 * nstates + 4 * len(src), np.int32)
+    words[at] = np.where(final, 0, 0x7F800000)  # float32 0 and inf
+    words[at + 1] = counts
+    arc = np.repeat(at + 3, counts) + 4 * (np.arange(len(src)) - np.repeat(before, counts))
+    words[arc] = words[arc + 1] = ilabel
+    words[arc + 3] = dst
+    kind = b"".join(struct.pack("<i", len(k)) + k for k in (b"vector", b"standard"))
+    header = (struct.pack("<i", _FST_MAGIC) + kind + struct.pack("<ii", 2, 0)
+              + struct.pack("<Qqqq", 3, start, nstates, len(src)))  # properties: expanded, mutable
+    return pynini.Fst.read_from_string(header + words.tobytes())
 
 
 def to_dfa(fst: pynini.Fst) -> ByteDFA:
@@ -461,7 +773,7 @@ def to_dfa(fst: pynini.Fst) -> ByteDFA:
     n = fst.num_states()
     if n == 0 or fst.start() < 0:
         return ByteDFA(np.zeros((1, NBYTES + 1), np.int32), np.full(1, -1, np.int16))
-    start, is_final, src, ilab, dst = _fst_arrays(fst)
+    start, final_weight, src, ilab, _, dst = _fst_arrays(fst)
     # renumber so that the start is state 0
     new_id = np.arange(n)
     new_id[[0, start]] = [start, 0]
@@ -475,7 +787,7 @@ def to_dfa(fst: pynini.Fst) -> ByteDFA:
         # a tagged acceptor: state s is final with tag j when it has an arc TAG+j
         final[new_id[src[tagged]]] = (ilab[tagged] - TAG).astype(np.int16)
     else:
-        final[new_id[np.flatnonzero(is_final)]] = 0
+        final[new_id[np.flatnonzero(final_weight != np.inf)]] = 0
     return trim(ByteDFA(delta, final))
 
 

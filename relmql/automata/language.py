@@ -55,18 +55,10 @@ class Language:
         return fsa.count_strings(self.dfa)
 
 
-def _parse(pattern: str, role: str) -> rx.Pattern:
-    try:
-        return rx.parse(pattern)
-    except Error as e:
-        e.role = role
-        raise
-
-
 def _pattern_fst(pattern: str, role: str, max_states: int) -> pynini.Fst:
-    parsed = _parse(pattern, role)
     try:
-        fst = fsa.regex_fst(parsed, max_states)
+        fsa.check_source(pattern, max_states)
+        fst = fsa.regex_fst(rx.parse(pattern), max_states)
     except Error as e:
         e.role = role
         raise

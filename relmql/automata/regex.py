@@ -38,6 +38,12 @@ class Chars(Node):
 
 
 @dataclass(frozen=True)
+class Text(Node):
+    """A run of literal characters (read as one node, so that long word lists stay cheap)."""
+    text: str
+
+
+@dataclass(frozen=True)
 class Seq(Node):
     items: Tuple[Node, ...]
 
@@ -91,6 +97,7 @@ HEXDIGITS = frozenset("0123456789abcdefABCDEF")
 ASCIILETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 WHITESPACE = frozenset(" \t\n\r\v\f")
 SIMPLE_ESCAPES = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 92}
+_PLAIN_RUN = re.compile(r"[^.\\\[{()*+?^$|\ud800-\udfff]+")  # literal characters without flags i and x
 
 
 def parse(pattern: str) -> Pattern:
@@ -191,6 +198,15 @@ class _Parser:
         items = []
         while True:
             this_pos = self.i
+            run = None if flags & (FLAG_I | FLAG_X) else _PLAIN_RUN.match(self.s, self.i)
+            if run:
+                end = run.end()
+                if end < len(self.s) and self.s[end] in REPEAT_CHARS:
+                    end -= 1  # the last character takes the quantifier
+                if end - this_pos > 1:
+                    self.i = end
+                    items.append(Text((this_pos, end), self.s[this_pos:end]))
+                    continue
             this = self.peek()
             if this is None or this in "|)":
                 break
@@ -428,6 +444,36 @@ class _Parser:
             chars = category(c.lower(), bool(flags & FLAG_A))
             return chars.complement() if c.isupper() else chars
         return self._escape_cp(esc)
+
+
+# ---------------------------------------------------------------- size, from the source alone
+
+# One scan over the source: escapes that are one character become "\" (counted), escapes and
+# literals that are no character (anchors, group references, surrogates), classes (which can be
+# empty), group and flag syntax, comments and quantifier bounds are dropped, and a quantifier
+# with an upper bound of 0 becomes "{".
+_ATOMS = r"""(?sx)
+  \\(?:[AZbB]|[1-9][0-9]{0,2}|u[dD][89a-fA-F][0-9a-fA-F]{2}|U0000[dD][89a-fA-F][0-9a-fA-F]{2})
+| (?P<one>\\)(?:x[0-9a-fA-F]{0,2}|u[0-9a-fA-F]{0,4}|U[0-9a-fA-F]{0,8}|N\{[^}]*\}|0[0-7]{0,2}|.)
+| \[\^?\]?(?:\\.|[^\\\]])*\]
+| \(\?(?:\#[^)]*\)|P?<[^>]*>|P=[^)]*\)|\([^)]*\)|[aiLmsux-]*[:)])?
+| (?P<zero>\{)0*,?0*\}
+| \{[0-9]*,?[0-9]*\}
+| [{\ud800-\udfff]"""
+_SCAN = re.compile(_ATOMS)
+_SCAN_VERBOSE = re.compile(_ATOMS + r"| \#[^\n]* | \s+")
+_VERBOSE_FLAG = re.compile(r"\(\?[aiLmsux-]*x")
+_NOT_ATOMS = re.compile(r"[.\[\]}()*+?^$|]")
+
+
+def atom_count(source: str) -> int:
+    """A lower bound, read from the source text without parsing it, of how many characters and
+    classes the pattern has outside repetitions of at most 0 (each one adds at least one state to
+    ``fsa.estimate_states``), so that a huge pattern is refused before Python's ``re`` reads it."""
+    scan = _SCAN_VERBOSE if _VERBOSE_FLAG.search(source) else _SCAN  # (?x) may drop spaces
+    kept = scan.sub(r"\g<one>\g<zero>", source)
+    kept = kept[kept.rfind("{") + 1:]  # what a {0} may repeat zero times is before it
+    return len(_NOT_ATOMS.sub("", kept))
 
 
 # ---------------------------------------------------------------- IGNORECASE

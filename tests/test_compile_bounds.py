@@ -1,0 +1,104 @@
+"""Patterns that once ran for minutes or took gigabytes: each must end, in a process limited to
+about 2.5 GB, with its automaton or with one clear error."""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+MEMORY = 2_500 * 2 ** 20
+HANG_GUARD = 300  # seconds; not a timing assertion, only so that a hang fails instead of blocking CI
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    from relmql.automata.language import LanguageSpec, compile_language
+    from relmql.errors import Error
+
+    out = []
+    for kind, arg, max_states in json.loads(sys.argv[1]):
+        pattern = {"words": lambda n: "|".join(f"w{i}x{i * 7919 % 100003}" for i in range(n)),
+                   "pattern": lambda p: p}[kind](arg)
+        try:
+            lang = compile_language(LanguageSpec(pattern, max_states=max_states))
+        except Error as e:
+            out.append({"error": e.message, "hint": e.hint, "span": e.span, "length": len(pattern)})
+            continue
+        samples = [] if kind != "words" else ["w0x0", f"w{arg - 1}x{(arg - 1) * 7919 % 100003}", "w0x1", "w"]
+        out.append({"strings": lang.num_strings, "states": lang.dfa.num_states,
+                    "accepts": [bool(lang.dfa.accepts(s, 0)) for s in samples]})
+    print(json.dumps(out))
+""")
+
+
+def _limit():
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
+
+
+def compile_in_child(*cases):
+    """Compile ``(kind, argument, max_states)`` cases in a memory-limited child process."""
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(cases)], capture_output=True, text=True,
+                          timeout=HANG_GUARD, preexec_fn=_limit)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def test_a_million_words_are_refused_before_parsing():
+    (got,) = compile_in_child(("words", 1_000_000, 100_000))
+    assert got["error"].startswith("this pattern needs an automaton of at least 12,777,")
+    assert "more than the limit of 100,000" in got["error"] and "max_states" in got["hint"]
+    assert got["span"] == [0, got["length"]]
+
+
+def test_a_large_word_list_compiles_under_a_raised_limit():
+    refused, (compiled) = compile_in_child(("words", 20_000, 100_000), ("words", 20_000, 300_000))
+    assert "more than the limit of 100,000" in refused["error"]
+    assert compiled["strings"] == 20_000
+    assert compiled["accepts"] == [True, True, False, False]
+
+
+REPETITIONS = [
+    ("X?(R||){3335}", 2 * 3336),
+    ("(?:a|b?){400}", 2 ** 401 - 1),
+    ("(a|ab){0,500}", None),
+    ("((ab)?c?){300}", None),
+    ("(?:a?b?){500}", None),
+    ("(?:a{2,3}){0,10000}", 30_000),
+    (r"(\w+\s?){0,100}", "infinite"),
+    ("a?b?" * 2000, None),  # written out: folded into a repetition
+]
+
+
+def test_repetitions_of_overlapping_items_compile():
+    results = compile_in_child(*[("pattern", p, 100_000) for p, _ in REPETITIONS])
+    for (pattern, count), got in zip(REPETITIONS, results):
+        assert "error" not in got, (pattern, got)
+        if count == "infinite":
+            assert got["strings"] is None
+        elif count is not None:
+            assert got["strings"] == count, pattern
+        assert got["states"] <= 100_000
+
+
+_rng = random.Random(0)
+ROW = "x" + "".join(_rng.choice(["a?", "b?", "c?"]) for _ in range(6000))  # no block repeats throughout
+
+COSTLY = [
+    ("(a|aa){20000}", "too costly to build"),  # exact counts of an ambiguous item
+    ("(a*b|a){0,3000}", "too costly to build"),
+    (ROW, "optional items in a row"),
+    ("(ab|cd){60000}", "more than the limit of 100,000"),
+]
+
+
+def test_costly_patterns_end_with_one_clear_error():
+    results = compile_in_child(*[("pattern", p, 100_000) for p, _ in COSTLY])
+    for (pattern, message), got in zip(COSTLY, results):
+        assert message in got.get("error", ""), (pattern[:40], got)
+        assert got["span"] is not None and got["span"][1] <= got["length"]
+        assert "max_states" in got["hint"]
