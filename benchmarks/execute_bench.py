@@ -300,7 +300,8 @@ def tables(res: Dict) -> str:
     lines.append("")
     lines.append("Rows found both at batch size 32 and at batch size 1: " + ", ".join(
         f"{name} {r.get('rows_shared_with_batch_1', '?')} of {r['relmql']['rows']}" for name, r in res["shortest"].items())
-        + " (in bfloat16, near-ties can swap with the batch's padding; in float32 the rows are identical).")
+        + (" (in float32 the rows are identical; in bfloat16, near-ties can swap with the batch's padding)."
+           if res["dtype"] != "float32" else "."))
     mem = res["memorization"]
     lines += ["", "### URL memorization", "",
               "| engine | samples or rows | unique valid URLs | valid URLs/s | ended on their own | ended/s |",

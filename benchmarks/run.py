@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import re
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ sys.path.insert(0, str(HERE))
 import compile_bench  # noqa: E402
 import execute_bench  # noqa: E402
 import measure_bench  # noqa: E402
+import precision_bench  # noqa: E402
 import scale_bench  # noqa: E402
 
 
@@ -60,14 +62,23 @@ def _section(text: str, tag: str) -> str:
     return parts[1].strip("\n") if len(parts) >= 3 else "(not measured)"
 
 
+def _header(text: str, key: str) -> str:
+    """The date, machine or versions that an earlier docs/benchmarks.md names."""
+    pattern = {"date": r"on (\d{4}-\d{2}-\d{2})\.", "machine": r"^- Machine: (.*)$", "versions": r"^- Versions: (.*)$"}[key]
+    m = re.search(pattern, text, re.M)
+    return m.group(1) if m else ""
+
+
 def main():
     import argparse
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--seconds", type=float, default=30.0, help="time per URL memorization configuration")
-    p.add_argument("--only", choices=("compile", "execute", "measure", "scale"),
+    p.add_argument("--only", choices=("compile", "execute", "measure", "precision", "scale"),
                    help="run one part (the others are left as they are)")
     p.add_argument("--execute-json", help="take the executor results from this file (written by "
                                           "execute_bench.py --json) instead of measuring them")
+    p.add_argument("--precision-json", help="take the precision results from this file (written by "
+                                            "precision_bench.py --json) instead of measuring them")
     args = p.parse_args()
     out = HERE.parent / "docs" / "benchmarks.md"
     rows = compile_bench.run() if args.only in (None, "compile") else None
@@ -78,6 +89,11 @@ def main():
         executed = execute_bench.run(args.seconds) if args.only in (None, "execute") else None
     measured = measure_bench.run() if args.only in (None, "measure") else None
     scaled = scale_bench.run() if args.only in (None, "scale") else None
+    if args.precision_json:
+        import json
+        precise = json.loads(Path(args.precision_json).read_text())
+    else:
+        precise = precision_bench.run() if args.only in (None, "precision") else None
     text = (HERE.parent / "docs" / "benchmarks.template.md").read_text()
     old = out.read_text() if out.exists() else ""
     compile_part = compile_bench.table(rows) if rows else _section(old, "<!-- compile -->")
@@ -85,14 +101,19 @@ def main():
     execute_part = execute_bench.tables(executed) if executed else _section(old, "<!-- execute -->")
     measure_part = measure_bench.tables(measured) if measured else _section(old, "<!-- measure -->")
     scale_part = scale_bench.tables(scaled) if scaled else _section(old, "<!-- scale -->")
-    text = (text.replace("{{date}}", datetime.date.today().isoformat())
-                .replace("{{machine}}", machine())
-                .replace("{{versions}}", versions())
+    precision_part = precision_bench.tables(precise) if precise else _section(old, "<!-- precision -->")
+    header = {"date": datetime.date.today().isoformat(), "machine": machine(), "versions": versions()}
+    if args.only and old:  # one part measured again: the header stays the other parts'
+        header = {k: _header(old, k) or v for k, v in header.items()}
+    text = (text.replace("{{date}}", header["date"])
+                .replace("{{machine}}", header["machine"])
+                .replace("{{versions}}", header["versions"])
                 .replace("{{compile_table}}", _mark("<!-- compile -->", compile_part))
                 .replace("{{compile_reading}}", _mark("<!-- compile reading -->", reading))
                 .replace("{{execute_tables}}", _mark("<!-- execute -->", execute_part))
                 .replace("{{measure_tables}}", _mark("<!-- measure -->", measure_part))
-                .replace("{{scale_tables}}", _mark("<!-- scale -->", scale_part)))
+                .replace("{{scale_tables}}", _mark("<!-- scale -->", scale_part))
+                .replace("{{precision_tables}}", _mark("<!-- precision -->", precision_part)))
     out.write_text(text)
     print(f"wrote {out}")
 

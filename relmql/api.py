@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from .errors import Error, closest
+from .execute.options import Stop
 from .models import BUILTIN_MODELS, LanguageModel, load_model
 from .output import render_table
 from .output.format import format_value
@@ -35,6 +36,11 @@ class Result:
     ``to_dicts()``, ``df()`` (pandas), ``show()``; ``explain()`` for the plan; ``cancel()`` stops
     a running query (from another thread) before its next model call; ``start()`` begins
     computing it in the background (Ray engine).
+
+    Once rows are read, ``stops`` lists the bounds (``max_nodes``, ``max_nodes_per_row``,
+    ``max_memory``) that ended a search before its language or LIMIT was exhausted, one per
+    search (per data row of a dataset query): the rows are exact and in order, but more may
+    exist. ``approximate`` says why the numbers are approximate (a reduced dtype), or is None.
     """
 
     def __init__(self, columns: Sequence[str], rows: Callable[["Result"], Iterator[tuple]], kind: str = "rows",
@@ -57,6 +63,15 @@ class Result:
         self.test_plan = test
         self._test: Optional[Chi2Result] = None
         self._start, self._stop = start, stop
+        self.stops: List[Stop] = []
+        self.approximate: Optional[str] = None
+
+    @property
+    def stopped(self) -> Optional[Stop]:
+        """The first bound that stopped a search of this result (reads every row first), or None."""
+        for _ in self:
+            pass
+        return self.stops[0] if self.stops else None
 
     def start(self) -> None:
         """Begin computing the rows now, in the background, where the engine can (the Ray
@@ -71,6 +86,7 @@ class Result:
         if self._iter is None:
             self._t0 = time.perf_counter()
             self._iter = self._make(self)
+        _Progress.redraw()  # the row before is written: the bar back under it while this one is computed
         try:
             row = next(self._iter)
         except StopIteration:
@@ -81,6 +97,7 @@ class Result:
             raise
         self._rows.append(row)
         self.times.append(time.perf_counter() - self._t0)
+        _Progress.clear()  # the row may be written to the same terminal
         return row
 
     def __iter__(self) -> Iterator[tuple]:
@@ -341,13 +358,19 @@ class Connection:
 
         def rows(result: Result) -> Iterator[tuple]:
             from .engine import load, run
+            from .models.hf import approximate
             if isinstance(p, QueryPlan) and remote is None:
-                load(p, self.model)  # before the clock starts: row times are the query's own
+                model = load(p, self.model)  # before the clock starts: row times are the query's own
+                result.approximate = model.approximate
                 result._t0 = time.perf_counter()
+            else:
+                ref = p.model if isinstance(p, QueryPlan) else ModelRef(self.settings["model"],
+                                                                        self.settings["device"], self.settings["dtype"])
+                result.approximate = approximate(ref.dtype, ref.device)
             bar = _Progress(self.progress)
             try:
                 yield from run(p, self.model, result.cancelled, bar.update, bar.total,
-                               rows=remote.rows if remote is not None else None)
+                               rows=remote.rows if remote is not None else None, stops=result.stops)
             finally:
                 bar.close()
 
@@ -407,30 +430,57 @@ class Connection:
 class _Progress:
     """A tqdm bar on stderr, only on a terminal and only once a query has run for a second: rows
     and their rate, and the estimated time left when the total is known (SAMPLE n, datasets,
-    probability())."""
+    probability()). The bars are taken off the screen while a ``Result`` hands out a row, and
+    drawn again when the next one is asked for, so that rows written to the same terminal
+    never run into a bar."""
 
     DELAY = 1.0
     MININTERVAL = 0.1  # seconds between redraws
+    _live: List["_Progress"] = []  # the open bars
 
     def __init__(self, enabled: bool):
         self.bar = None
+        self.shown = False  # drawn and not cleared since
+        self.hidden = False  # cleared for a row, to be drawn again
         if enabled and sys.stderr.isatty():
             from tqdm import tqdm
-            self.bar = tqdm(file=sys.stderr, delay=self.DELAY, mininterval=self.MININTERVAL, leave=False, unit="row",
-                            dynamic_ncols=True)
+            # miniters=1: no redraws from tqdm's monitor thread, which clear() would not know of
+            self.bar = tqdm(file=sys.stderr, delay=self.DELAY, mininterval=self.MININTERVAL, miniters=1, leave=False,
+                            unit="row", dynamic_ncols=True)
+            self.shown = self.DELAY <= 0  # tqdm draws it at once
+            _Progress._live.append(self)
 
     def total(self, n: int, unit: str = "row") -> None:
         if self.bar is not None:
             self.bar.total, self.bar.unit = n, unit
 
     def update(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.update(n)
+        if self.bar is not None and self.bar.update(n):
+            self.shown, self.hidden = True, False
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar.fp.flush()  # before the rows' last lines, on a stderr that is not line-buffered
             self.bar = None
+            _Progress._live.remove(self)
+
+    @classmethod
+    def clear(cls) -> None:
+        """Take the bars that are drawn off the screen, the cursor back at the start of their line."""
+        for p in list(cls._live):
+            if p.shown and p.bar is not None:
+                p.bar.clear()
+                p.bar.fp.flush()  # before the row, on a stderr that is not line-buffered
+                p.shown, p.hidden = False, True
+
+    @classmethod
+    def redraw(cls) -> None:
+        """Draw again the bars that ``clear`` took off."""
+        for p in list(cls._live):
+            if p.hidden and p.bar is not None:
+                p.bar.refresh()
+                p.shown, p.hidden = True, False
 
 
 _default: Optional[Connection] = None

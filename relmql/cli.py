@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help=f"the default model: {', '.join(BUILTIN_MODELS)}, a local directory or a "
                                    f"Hugging Face id (default: {DEFAULT_MODEL})")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto (default: cpu)")
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="model weights (default: auto)")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="model weights and arithmetic (default: float32, exact; "
+                   "the others are faster and approximate, auto: the fastest the hardware runs natively)")
     p.add_argument("--seed", type=int, help="random seed of SAMPLE (default: 0)")
     p.add_argument("--format", choices=FORMATS,
                    help="output format (default: table on a terminal, otherwise from --output's extension, "
@@ -87,6 +88,14 @@ def _format(args, out: IO[str]) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        return _main(args)
+    except KeyboardInterrupt:  # outside a statement (one is cancelled in run_script)
+        print("cancelled", file=sys.stderr)
+        return EXIT_CANCELLED
+
+
+def _main(args) -> int:
+    try:
         params = _params(args.param)
         if args.plot:
             from .output.plot import check_path
@@ -110,7 +119,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             from .repl import run_repl
             return run_repl(con, mode=args.format or "table", params=params)
         scripts.append(("<stdin>", sys.stdin.read()))
-    out = open(args.output, "w", encoding="utf-8", newline="") if args.output else sys.stdout
+    from .output import Sink
+    try:
+        out = Sink(open(args.output, "w", encoding="utf-8", newline="") if args.output else sys.stdout,
+                   args.output or "standard output")
+    except OSError as e:
+        print(f"error: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_ERROR
     try:
         fmt = _format(args, out)
         plotter = _Plotter(args.plot, args.plot_kind, args.log_scale) if args.plot else None
@@ -118,10 +133,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             code = run_script(con, text, name, params, fmt, out, plot=plotter)
             if code:
                 return code
+        out.flush()
         return 0
+    except Error as e:  # the last flush
+        print(e.render(), file=sys.stderr)
+        return EXIT_ERROR
     finally:
         if args.output:
             out.close()
+        elif out.failed:
+            _quiet_pipe()  # what is left in its buffer would fail again at exit
 
 
 class _Plotter:
@@ -147,8 +168,8 @@ def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: I
                plot: Optional[Callable[..., None]] = None) -> int:
     """Run every statement of ``text``, writing results to ``out``; stops at the first error
     (rendered on ``err``). ``plot(result, err)``: called after each query's rows are written.
-    Returns the exit status."""
-    from .output import write
+    Returns the exit status; a script without statements is not an error, but is noted on ``err``."""
+    from .output import started, write
     from .syntax import ast as A
     from .syntax import parse
     err = err or sys.stderr
@@ -157,6 +178,8 @@ def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: I
     except Error as e:
         print(e.render(_origin(name)), file=err)
         return EXIT_ERROR
+    if not statements:
+        print(f"note: {name} has no statements", file=err)
     first = True
     ahead: Dict[int, object] = {}
     for i, st in enumerate(statements):
@@ -172,14 +195,15 @@ def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: I
                 _start_ahead(con, statements, i, text, params, ahead)
             if result.kind == "status":
                 continue
+            rows = started(result)  # an error before the first row leaves no separator, header or empty table
             if fmt == "table" and not first:
                 out.write("\n")
             first = False
             if result.kind == "text" and fmt == "table":
-                for (line,) in result:
+                for (line,) in rows:
                     out.write(line + "\n")
                 continue
-            write(result.columns, iter(result), fmt, out, stream=fmt == "table" and out.isatty(), kinds=result.kinds)
+            write(result.columns, rows, fmt, out, stream=fmt == "table" and out.isatty(), kinds=result.kinds)
             if result.test_plan is not None:  # beside machine formats, on stderr
                 print(result.test.summary(), file=out if fmt == "table" else err)
             if plot is not None and isinstance(st, A.Query) and result.kind == "rows":

@@ -7,6 +7,7 @@ over all of them.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import sys
@@ -16,8 +17,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 from .automata import compile
 from .automata.language import levenshtein, nearest, unedited, viable_length
 from .errors import Error
-from .execute import COLUMNS, Mass, Measure, Row, SearchStats, execute, measure
-from .stats import sort_key
+from .execute import COLUMNS, Mass, Measure, Row, Sample, SearchStats, Stop, execute, measure
+from .stats import Estimate, probability, sort_key
 from .models import LanguageModel
 from .plan import DatasetPlan, ModelRef, Plan, QueryPlan, evaluate, plan_row, selected_rows
 from .plan.expr import Env
@@ -30,20 +31,22 @@ Models = Callable[[ModelRef], LanguageModel]
 class RowEnv(Env):
     """A result row as expressions see it: its columns, the capture groups of MATCHING in its
     text (an edited text's from the nearest unedited string), the query's parameters, and, for
-    probability(), how the language was measured (``mass``)."""
+    probability(), how the language was measured (``mass``). ``beyond`` is set when an
+    expression reads more of the row than its prefix: a column other than ``prefix``, or a
+    capture group that ends after the prefix (probability() tells by it which GROUP BY keys the
+    prefix fixes)."""
+
+    beyond = False
 
     def __init__(self, plan: QueryPlan, row: Optional[Row], rank: Optional[int], regex, mass: Optional[Mass] = None):
         self.plan, self.row, self.rank, self._regex, self.mass = plan, row, rank, regex, mass
         self._match = False
 
-    def measured(self):
-        if self.mass is None:
-            raise PlanError("probability() needs a query that measures its language", None, self.plan.source)
-        return self.mass, self.row.prob, self.row.weight
-
     def column(self, node: A.Column):
         name = node.name
         row = self.row
+        if name in COLUMNS or name in ("rank", "edit_position"):
+            self.beyond = self.beyond or name != "prefix"
         if name == "rank":
             return self.rank
         if name == "edit_position":
@@ -75,7 +78,20 @@ class RowEnv(Env):
                             f"group {key}", node.span, self.plan.source)
         if isinstance(key, str) and (self._regex is None or key not in self._regex.groupindex):
             raise PlanError(f"MATCHING has no group named {key!r}", node.span, self.plan.source)
-        return None if self._match is None else self._match.group(key)
+        if self._match is None:
+            return None
+        if not self.beyond and self._match.end(key) > self._prefix_end():
+            self.beyond = True
+        return self._match.group(key)
+
+    def _prefix_end(self) -> int:
+        """Where the prefix ends in the text the capture groups come from: the row's own text,
+        or the unedited string nearest to it (split, as the language is, after its longest
+        beginning that PREFIX matches)."""
+        row, text = self.row, self._match.string
+        if text == row.text and text.startswith(row.prefix):
+            return len(row.prefix)
+        return prefix_end(self.plan.prefix, text)
 
 
 def edit_position(pattern: str, text: str) -> int:
@@ -84,6 +100,20 @@ def edit_position(pattern: str, text: str) -> int:
     dfa, start = unedited(pattern)
     data = text.encode("utf-8")
     return len(data[:viable_length(dfa, start, data)].decode("utf-8", errors="ignore"))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def prefix_end(prefix: Optional[str], text: str) -> int:
+    """The length of the longest beginning of ``text`` that the regex ``prefix`` matches (0
+    when there is no prefix, or none matches; -1 when ``re`` cannot read it, so that no
+    capture group counts as the prefix's)."""
+    if not prefix:
+        return 0
+    try:
+        pattern = re.compile(prefix)
+    except (re.error, RecursionError, OverflowError, ValueError):
+        return -1
+    return next((k for k in range(len(text), -1, -1) if pattern.fullmatch(text, 0, k)), 0)
 
 
 @functools.lru_cache(maxsize=1 << 16)  # samples repeat
@@ -100,12 +130,14 @@ def unedited_match(pattern: str, text: str, edits: int):
 
 
 class _GroupEnv(Env):
-    """The rows of one group: aggregates see all of them, other expressions the first. (With a
-    dataset, probability() combines the measurements that have rows in the group: which data
-    rows could have had one is not known.)"""
+    """The rows of one group (``key``: its GROUP BY values): aggregates see all of them, other
+    expressions the first; probability() is worked out by ``measured`` (a ``_Measured``)."""
 
-    def __init__(self, rows: List[Env]):
-        self.rows = rows
+    def __init__(self, rows: List[Env], key: tuple = (), measured: Optional["_Measured"] = None):
+        self.rows, self.key, self.measured = rows, key, measured
+
+    def probability(self):
+        return self.measured.probability(self.key, self.rows) if self.measured is not None else Estimate(0.0)
 
     def column(self, node):
         return self.rows[0].column(node)
@@ -128,10 +160,12 @@ def match_regex(plan: QueryPlan):
 def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event] = None,
                progress: Optional[Callable[[int], None]] = None, stopped: Optional[list] = None,
                masses: Optional[list] = None, on_total: Optional[Callable[..., None]] = None) -> Iterator[RowEnv]:
-    """The result rows of one query that pass its WHERE, up to its LIMIT. A search that stops at
-    ``max_nodes`` is warned about on stderr, or appended to ``stopped`` when given. A query that
+    """The result rows of one query that pass its WHERE, up to its LIMIT. A search that a bound
+    stopped (``Stop``) is warned about on stderr, or appended to ``stopped`` when given. A query that
     measures its language (probability()) appends how to ``masses`` and tells ``on_total`` how
-    many sequences or draws it will read (``progress`` counts them)."""
+    many sequences or draws it will read (``progress`` counts them); its rows include rows that
+    only count (``row.miss``: a prefix path, a draw that found no string or that WHERE left out),
+    which ``run`` keeps out of the groups."""
     model = load(plan, models)
     automaton = compile_plan(plan, model)
     regex = match_regex(plan)
@@ -151,34 +185,40 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
     else:
         rows = execute(automaton, model, plan.traversal, plan.decoding, cancel, stats)
     for row in rows:
+        if row.miss and mass is not None:  # a prefix path (exact) or a draw that found no string (estimate):
+            if progress is not None and not mass.exact:  # it only counts, in probability()'s denominators
+                progress(1)
+            yield RowEnv(plan, row, None, regex, mass)
+            continue
         if progress is not None:
             progress(1)
-        if row.miss:  # a draw of an estimate that found no string: it counts only as a draw
-            continue
         env = RowEnv(plan, row, emitted + 1, regex, mass)
         if plan.where is not None and not _truth(_eval(plan.where, env, plan.source)):
+            if mass is not None and not mass.exact:  # a draw all the same
+                yield RowEnv(plan, dataclasses.replace(row, miss=True), None, regex, mass)
             continue
         emitted += 1
         yield env
         if plan.limit is not None and emitted >= plan.limit:
             return
-    if stats.stopped:
+    if stats.stop is not None:
+        stop = dataclasses.replace(stats.stop, rows=emitted)  # the rows the user sees
         if stopped is not None:
-            stopped.append(plan)
+            stopped.append(stop)
         else:
-            print(stop_warning(plan, emitted), file=sys.stderr)
+            print(stop_warning(stop), file=sys.stderr)
 
 
-def stop_warning(plan: QueryPlan, emitted: int) -> str:
-    """The warning of a search that stopped at ``max_nodes`` after ``emitted`` rows."""
-    return (f"warning: the search stopped at max_nodes ({plan.traversal.max_nodes:,} nodes) after "
-            f"{emitted:,} rows; more rows may exist")
+def stop_warning(stop: Stop) -> str:
+    """The warning of a query that a bound stopped."""
+    return f"warning: {stop.message()}"
 
 
-def stopped_rows_warning(stopped: List[QueryPlan], rows: int) -> str:
-    """The warning of a dataset query some of whose ``rows`` data rows stopped at ``max_nodes``."""
-    return (f"warning: {len(stopped):,} of {rows:,} data rows stopped searching at max_nodes "
-            f"({stopped[0].traversal.max_nodes:,} nodes); their rows may be incomplete")
+def stopped_rows_warning(stopped: List[Stop], rows: int) -> str:
+    """The warning of a dataset query some of whose ``rows`` data rows a bound stopped."""
+    bounds = {f"{s.bound} ({s.limit_text()})": None for s in stopped}
+    return (f"warning: {len(stopped):,} of {rows:,} data rows stopped searching at {', '.join(bounds)}; their "
+            f"rows are exact but may be incomplete")
 
 
 def load(plan: QueryPlan, models: Models) -> LanguageModel:
@@ -219,35 +259,135 @@ def _eval(node, env, source):
 
 def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
         progress: Optional[Callable[[int], None]] = None, on_total: Optional[Callable[[int], None]] = None,
-        rows: Optional[Callable[..., Iterator[Env]]] = None) -> Iterator[tuple]:
+        rows: Optional[Callable[..., Iterator[Env]]] = None, stops: Optional[List[Stop]] = None) -> Iterator[tuple]:
     """Output tuples of ``plan``. ``progress(n)`` is told of each result row (or data row);
     ``on_total(n)`` of how many there will be, when that is known. ``rows(cancel, progress,
-    on_total, masses)``: where the result rows come from instead of this process (the Ray
-    engine's ``Statement.rows``)."""
+    on_total, masses, stops)``: where the result rows come from instead of this process (the Ray
+    engine's ``Statement.rows``). ``stops`` collects the ``Stop`` of each search (of each data
+    row) that a bound ended; they are also warned about on stderr."""
     masses: list = []
-    if not isinstance(plan, DatasetPlan) and on_total is not None and hasattr(plan.traversal, "n"):
+    stops = stops if stops is not None else []
+    if not isinstance(plan, DatasetPlan) and on_total is not None and isinstance(plan.traversal, Sample):
         on_total(plan.traversal.n)
     if rows is not None:
-        envs = rows(cancel, progress, on_total, masses)
+        envs = rows(cancel, progress, on_total, masses, stops)
     elif isinstance(plan, DatasetPlan):
-        envs = _dataset_rows(plan, models, cancel, progress, on_total, masses)
+        envs = _dataset_rows(plan, models, cancel, progress, on_total, masses, stops)
     else:
-        envs = query_rows(plan, models, cancel, progress, masses=masses, on_total=on_total)
+        envs = _warned(query_rows(plan, models, cancel, progress, stops, masses, on_total), stops)
     outputs = plan.outputs
     if not plan.aggregate:
         for env in envs:
-            yield tuple(_eval(o.expr, env, plan.source) for o in outputs)
+            if not _counts_only(env):
+                yield tuple(_eval(o.expr, env, plan.source) for o in outputs)
         return
     groups: Dict[Any, List[Env]] = {}
+    hits, counted = [], []
+    beyond = [False] * len(plan.group_by)  # GROUP BY keys that read more of a row than its prefix
     for env in envs:
-        key = tuple(_hashable(_eval(g, env, plan.source)) for g in plan.group_by)
+        if _counts_only(env):  # only probability() counts it
+            counted.append(env)
+            continue
+        key = _key(plan, env, beyond)
         groups.setdefault(key, []).append(env)
+        hits.append((env, key))
+    measured = _Measured(plan, masses, hits, counted, beyond) if masses else None
     if not groups and not plan.group_by:
         groups[()] = []
     for key in sorted(groups, key=_order):
         members = groups[key]
-        genv = _GroupEnv(members) if members else _EmptyEnv(masses)
+        genv = _GroupEnv(members, key, measured) if members else _EmptyEnv(measured)
         yield tuple(_eval(o.expr, genv, plan.source) for o in outputs)
+
+
+def _counts_only(env: Env) -> bool:
+    """A row that only counts in probability()'s denominators (a prefix path, a missed draw)."""
+    row = getattr(env, "row", None)
+    return row is not None and row.miss
+
+
+def _key(plan: Plan, env: Env, beyond: List[bool]) -> tuple:
+    """The GROUP BY values of ``env``; ``beyond[i]`` is set where key i read more of the row than
+    its prefix."""
+    values = []
+    for i, g in enumerate(plan.group_by):
+        if isinstance(env, RowEnv):
+            env.beyond = False
+        values.append(_hashable(_eval(g, env, plan.source)))
+        if getattr(env, "beyond", False):
+            beyond[i] = True
+    return tuple(values)
+
+
+class _Measured:
+    """probability() over the measurements of a query (``masses``; several with a dataset).
+
+    A PREFIX may have several token paths (strings, tokenizations, edits). A GROUP BY key is a
+    *prefix key* when, on every row (rows that only count included), it reads nothing of the row
+    but its prefix: the ``prefix`` column, parameters, literals, capture groups that end within
+    the prefix. The values of the prefix keys are a row's *prefix class*; all rows after one
+    prefix path must agree on it, or probability() refuses (the keys would not be the
+    prefix's). In each measurement a group's value is the mean, over the prefix paths of its
+    class, of P(group | path): exact, Σ prob / (the class's prefix paths); estimated, the mean
+    weight · 1(group) over the draws whose prefix is in the class. Measurements in which the
+    class occurs are averaged (``stats.probability``)."""
+
+    def __init__(self, plan: Plan, masses: list, hits: list, counted: List[Env], beyond: List[bool]):
+        self.masses = list(masses)
+        beyond = list(beyond)
+        keyed = list(hits)
+        for env in counted:
+            values = []
+            for i, g in enumerate(plan.group_by):
+                value = None
+                if not beyond[i]:
+                    env.beyond = False
+                    try:
+                        value = _hashable(_eval(g, env, plan.source))
+                    except Error:  # a key that a string after the prefix cannot give is not the prefix's
+                        env.beyond = True
+                    beyond[i] = beyond[i] or env.beyond
+                values.append(value)
+            keyed.append((env, tuple(values)))
+        self.prefix_keys = [i for i, b in enumerate(beyond) if not b]
+        where: Dict[tuple, tuple] = {}  # (measurement, prefix path) -> (class, env)
+        self.units: Dict[tuple, int] = {}  # (measurement, class) -> prefix paths (exact) or draws (estimated)
+        for env, key in keyed:
+            row, mass = getattr(env, "row", None), getattr(env, "mass", None)
+            if row is None or mass is None:
+                continue
+            c = self.prefix_class(key)
+            first = where.setdefault((id(mass), row.tokens[:row.prefix_tokens]), (c, env))
+            if first[0] != c:
+                raise self._not_the_prefixs(plan, first, (c, env))
+            if not mass.exact:
+                self.units[(id(mass), c)] = self.units.get((id(mass), c), 0) + 1
+        exact = {id(m) for m in self.masses if m.exact}
+        for (m, _), (c, _) in where.items():
+            if m in exact:
+                self.units[(m, c)] = self.units.get((m, c), 0) + 1
+
+    def prefix_class(self, key: tuple) -> tuple:
+        return tuple(key[i] for i in self.prefix_keys)
+
+    def probability(self, key: tuple, rows: List[Env]) -> Estimate:
+        c = self.prefix_class(key)
+        found: Dict[int, list] = {}
+        for env in rows:
+            if getattr(env, "mass", None) is not None and env.row is not None:
+                found.setdefault(id(env.mass), []).append((env.row.prob, env.row.weight))
+        return probability([(m, found.get(id(m), []), self.units.get((id(m), c), 0)) for m in self.masses])
+
+    def _not_the_prefixs(self, plan: Plan, a: tuple, b: tuple) -> PlanError:
+        (ca, ea), (cb, eb) = a, b
+        k = next(j for j, (x, y) in enumerate(zip(ca, cb)) if x != y)
+        node = plan.group_by[self.prefix_keys[k]]
+        what = plan.source[node.span[0]:node.span[1]] if plan.source and node.span else "a GROUP BY key"
+        show = lambda v: "NULL" if v is None else repr(v)  # noqa: E731
+        return PlanError(f"probability() cannot tell the prefix's class: {what} reads only the prefix, yet after the "
+                         f"same prefix {ea.row.prefix!r} it is {show(ca[k])} for {ea.row.text!r} and {show(cb[k])} "
+                         f"for {eb.row.text!r}", node.span, plan.source,
+                         hint="group by keys that the prefix alone decides (or leave them out)")
 
 
 class _EmptyEnv(Env):
@@ -255,8 +395,11 @@ class _EmptyEnv(Env):
 
     rows: List[Env] = []
 
-    def __init__(self, masses=()):
-        self.masses = tuple(masses)
+    def __init__(self, measured: Optional[_Measured] = None):
+        self.measured = measured
+
+    def probability(self):
+        return self.measured.probability((), []) if self.measured is not None else Estimate(0.0)
 
     def column(self, node):
         return None
@@ -277,11 +420,19 @@ def _hashable(v):
     return tuple(v) if isinstance(v, list) else v
 
 
-def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total, masses) -> Iterator[Env]:
+def _warned(envs: Iterator[Env], stops: List[Stop]) -> Iterator[Env]:
+    """``envs``, then a warning on stderr for each stop they added to ``stops``."""
+    before = len(stops)
+    yield from envs
+    for stop in stops[before:]:
+        print(stop_warning(stop), file=sys.stderr)
+
+
+def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total, masses, stopped) -> Iterator[Env]:
     selected = selected_rows(plan)
     if on_total is not None:
         on_total(len(selected))
-    stopped: list = []
+    before_stops = len(stopped)
     for data in selected:
         if cancel is not None and cancel.is_set():
             from .execute import Cancelled
@@ -296,8 +447,8 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total,
             yield RowEnv(qplan, None, None, match_regex(qplan))     # JOIN would give); a measured one counts as 0
         if progress is not None:
             progress(1)
-    if stopped:
-        print(stopped_rows_warning(stopped, len(selected)), file=sys.stderr)
+    if len(stopped) > before_stops:
+        print(stopped_rows_warning(stopped[before_stops:], len(selected)), file=sys.stderr)
 
 
 __all__ = ["run", "query_rows", "compile_plan", "load", "RowEnv", "match_regex", "stop_warning",

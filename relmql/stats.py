@@ -97,35 +97,38 @@ def estimate_mean(hits: Sequence[float], draws: int, scale: float = 1.0, bounded
                     method="normal")
 
 
-def probability(hits: Sequence[Tuple[Any, float, float]], masses: Sequence[Any] = ()) -> Estimate:
-    """The probability of a group of strings from its rows: ``hits`` are (mass, prob, weight)
-    of each row, where ``mass`` (an ``execute.measure.Mass``) tells how its rows were found;
-    ``masses`` adds measurements in which the group has no row. Exact measurements add their
-    rows' probabilities; sampled ones estimate theirs from all their draws. Parts from several
-    measurements (a dataset's rows) add up, their interval half-widths in quadrature."""
-    groups: Dict[int, Tuple[Any, List[Tuple[float, float]]]] = {}
-    for mass, prob, weight in hits:
-        groups.setdefault(id(mass), (mass, []))[1].append((prob, weight))
-    for mass in masses:
-        groups.setdefault(id(mass), (mass, []))
-    parts = []
-    for mass, rows in groups.values():
+def probability(parts: Sequence[Tuple[Any, Sequence[Tuple[float, float]], int]]) -> Estimate:
+    """The probability of a group of strings, from each measurement that can produce it: parts
+    are (mass, rows, units), where ``mass`` (an ``execute.measure.Mass``) tells how the
+    measurement was made, ``rows`` are (prob, weight) of the group's rows in it, and ``units``
+    how many prefix token paths (exact) or draws (estimated) of the group's prefix class it has.
+
+    Exact: Σ prob / units, the mean over the class's prefix paths of P(group | path). Sampled:
+    the mean of the draws' weight · 1(draw in group) over the class's draws, with the interval of
+    that mean (Wilson's when every weight is 1, else the normal approximation): given how many
+    draws fell in the class, they are independent draws of a prefix path uniform over it, so
+    this is a conditional mean over ``units`` draws. Several measurements (a dataset's rows)
+    are averaged, their interval half-widths combined in quadrature."""
+    values = []
+    for mass, rows, units in parts:
+        if units <= 0:
+            continue
         if mass.exact:
-            parts.append(Estimate(math.fsum(p for p, _ in rows), confidence=mass.confidence))
+            values.append(Estimate(min(1.0, math.fsum(p for p, _ in rows) / units), confidence=mass.confidence))
         else:
-            parts.append(estimate_mean([w for _, w in rows], mass.draws, mass.scale, 1.0, mass.confidence,
-                                       mass.binary))
-    if len(parts) == 1:
-        return parts[0]
-    if not parts:
+            values.append(estimate_mean([w for _, w in rows], units, 1.0, 1.0, mass.confidence, mass.binary))
+    if len(values) == 1:
+        return values[0]
+    if not values:
         return Estimate(0.0)
-    value = math.fsum(parts)
-    if all(p.exact for p in parts):
-        return Estimate(value, confidence=parts[0].confidence)
-    down = math.sqrt(math.fsum((p - p.low) ** 2 for p in parts))
-    up = math.sqrt(math.fsum((p.high - p) ** 2 for p in parts))
-    return Estimate(value, max(0.0, value - down), value + up, exact=False, draws=sum(p.draws for p in parts),
-                    confidence=parts[0].confidence, method="normal")
+    k = len(values)
+    value = math.fsum(values) / k
+    if all(v.exact for v in values):
+        return Estimate(value, confidence=values[0].confidence)
+    down = math.sqrt(math.fsum((v - v.low) ** 2 for v in values)) / k
+    up = math.sqrt(math.fsum((v.high - v) ** 2 for v in values)) / k
+    return Estimate(value, max(0.0, value - down), min(1.0, value + up), exact=False,
+                    draws=sum(v.draws for v in values), confidence=values[0].confidence, method="normal")
 
 
 def ci_bound(x, which: str):

@@ -9,6 +9,25 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+# How far a log-probability relmql computes may be from a direct transformers forward pass in the
+# same dtype (scored here in float64 from that pass's logits): float rounding differs with the
+# shapes of the matrices multiplied (a batch, a cache, the length of the text), and that
+# difference is the dtype's, not relmql's. Per token read: float32's log_softmax over SmolLM2's
+# 49,152 tokens rounds by up to 3e-5. For the token read right after the start-of-text token,
+# more: SmolLM2's activations there reach 2e4, and in float32 two direct forward passes that
+# differ only in the length of the text give its first token log-probabilities 1.6e-4 apart (4e-4
+# at worst over the vocabulary). Only float32 is held to this (the reduced dtypes' error is
+# measured in benchmarks/precision_bench.py).
+PER_TOKEN = {torch.float32: 5e-5}
+FIRST_TOKEN = {torch.float32: 5e-4}
+
+
+def tolerance(model, tokens: int, from_start: bool = True) -> float:
+    """The float tolerance of a sum of ``tokens`` log-probabilities of ``model`` (``from_start``:
+    the first of them is read right after the start-of-text token)."""
+    dtype = next(model.model.parameters()).dtype
+    return tokens * PER_TOKEN[dtype] + (FIRST_TOKEN[dtype] if from_start and tokens else 0.0)
+
 
 def step_logprobs(model, tokens: Sequence[int]) -> np.ndarray:
     """[len(tokens) + 1, vocab] float64 log-probabilities: row i is the distribution of the

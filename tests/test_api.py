@@ -258,3 +258,28 @@ def test_progress_bar_on_a_terminal_only(monkeypatch):
     monkeypatch.setattr(sys, "stderr", quiet)
     assert len(con.sql(query).fetchall()) == 20
     assert quiet.getvalue() == ""
+
+
+def _current_line(raw: str) -> str:
+    """What the terminal shows on the line of its cursor after ``raw`` (a carriage return goes
+    back to the line's start; what follows overwrites)."""
+    line = ""
+    for part in raw.rsplit("\n", 1)[-1].split("\r"):
+        line = part + line[len(part):]
+    return line
+
+
+def test_each_row_is_handed_out_with_the_progress_bar_cleared(con, monkeypatch):
+    from relmql import api
+    monkeypatch.setattr(api._Progress, "DELAY", 0)
+    monkeypatch.setattr(api._Progress, "MININTERVAL", 0)
+    err = _Terminal()
+    monkeypatch.setattr(sys, "stderr", err)
+    seen = [err.getvalue() for _ in fresh(con, progress=True).sql("SELECT text MATCHING '(a|b)(c|d)(e|f)' LIMIT 8")]
+    assert len(seen) == 8
+    for i, raw in enumerate(seen):
+        # the bar was drawn since the row before (the wait is when it shows)...
+        assert re.search(r"\d+row \[", raw[len(seen[i - 1]) if i else 0:]), raw
+        # ...and is off the screen, the cursor at the start of its line, as the row is handed out
+        assert raw.endswith("\r") and _current_line(raw).strip() == "", repr(raw[-200:])
+    assert _current_line(err.getvalue()).strip() == ""  # closed: nothing left behind

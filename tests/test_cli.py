@@ -295,3 +295,216 @@ def test_birthdays_multiple_choice_on_tiny_gpt2(capsys, monkeypatch):
 def test_the_console_entry_point_is_main():
     assert re.search(r'relmql\s*=\s*"relmql\.cli:main"', (REPO / "pyproject.toml").read_text(encoding="utf-8"))
     assert os.path.isfile(REPO / "relmql" / "cli.py")
+
+
+# -- what the user sees: no empty tables, no progress bar in the rows, no torch for --help
+
+BAD_REGEX = "SELECT text MATCHING 'x(?<=y)';"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def screen_of(raw: str):
+    """The lines a terminal shows after ``raw``: a carriage return goes back to the start of the
+    line, and what follows overwrites it (escape sequences are dropped)."""
+    lines, row, col = [""], 0, 0
+    for ch in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", raw):
+        if ch == "\n":
+            row, col = row + 1, 0
+            if row == len(lines):
+                lines.append("")
+        elif ch == "\r":
+            col = 0
+        else:
+            line = lines[row].ljust(col)
+            lines[row] = line[:col] + ch + line[col + 1:]
+            col += 1
+    return [line.rstrip() for line in lines]
+
+
+def run_on_terminal(monkeypatch, *args, progress=False):
+    """``main`` with standard output a terminal (tables stream); standard error a separate
+    StringIO, or with ``progress`` the same terminal, as a shell shows both."""
+    out = _Terminal()
+    err = out if progress else io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    flags = TINY if not progress else [f for f in TINY if f != "--no-progress"]
+    code = main([*flags, *args])
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv", "json", "jsonl"])
+def test_an_error_before_the_first_row_writes_no_header(monkeypatch, fmt):
+    code, out, err = run_on_terminal(monkeypatch, "--format", fmt, "-c", BAD_REGEX)
+    assert code == 1
+    assert out == ""  # no empty table, no CSV header, no '['
+    lines = err.splitlines()
+    assert lines[0] == "regex error: look-behind assertions are not supported"
+    assert lines[1] == "  " + BAD_REGEX and lines[2] == " " * lines[1].index("(?<=") + "^" * len("(?<=y)")
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv", "json", "jsonl"])
+def test_cancelled_before_the_first_row_writes_nothing(monkeypatch, fmt):
+    import relmql.engine
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+        yield  # a generator, as engine.run is
+
+    monkeypatch.setattr(relmql.engine, "run", interrupted)
+    code, out, err = run_on_terminal(monkeypatch, "--format", fmt, "-c", "SELECT text MATCHING 'a(b|c)';")
+    assert (code, out, err) == (130, "", "cancelled\n")
+
+
+def test_a_failing_second_query_adds_nothing_after_the_first_table(monkeypatch):
+    code, out, err = run_on_terminal(monkeypatch, "-c", "SELECT text MATCHING 'a(b|c)';", "-c", BAD_REGEX)
+    assert code == 1 and err.startswith("regex error: look-behind")
+    assert out.endswith("└" + "─" * (len(out.splitlines()[0]) - 2) + "┘\n(2 rows)\n")  # no blank line after it
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv"])
+def test_the_progress_bar_never_runs_into_the_rows(monkeypatch, fmt):
+    from relmql import api
+    monkeypatch.setattr(api._Progress, "DELAY", 0)  # drawn at once, redrawn at every row
+    monkeypatch.setattr(api._Progress, "MININTERVAL", 0)
+    code, raw, _ = run_on_terminal(monkeypatch, "--format", fmt, "-c",
+                                   "SELECT text MATCHING '(a|b)(c|d)(e|f)' LIMIT 8;", progress=True)
+    assert code == 0
+    assert re.search(r"\d+row \[\d\d:\d\d", raw)  # the bar was drawn on the same terminal
+    lines = [line for line in screen_of(raw) if line.strip()]
+    if fmt == "table":
+        assert not [line for line in lines[:-1] if line[0] not in "┌│├└"]
+        assert lines[-1] == "(8 rows)" and len(lines) == 4 + 8 + 1
+    else:
+        assert lines[0] == "text" and len(lines) == 9
+        assert all(re.fullmatch("[ab][cd][ef]", line) for line in lines[1:]), lines
+
+
+def test_the_progress_bar_on_a_real_terminal(tmp_path):
+    """The real command on a pseudo-terminal, standard output and error both: a query that runs
+    for seconds, long past the bar's one-second delay, so that the bar is drawn between rows."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    main_fd, child_fd = pty.openpty()
+    fcntl.ioctl(child_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))  # rows, columns
+    proc = subprocess.Popen([sys.executable, "-m", "relmql.cli", "--model", "tiny-gpt2", "--dtype", "float32",
+                             "-c", "SELECT text MATCHING '[a-z]{1,30}' USING topk 50 LIMIT 300;"],
+                            stdin=subprocess.DEVNULL, stdout=child_fd, stderr=child_fd, cwd=tmp_path,
+                            env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"})  # as a user runs it
+    os.close(child_fd)
+    chunks = []
+    try:
+        while True:
+            ready, _, _ = select.select([main_fd], [], [], 300)
+            if not ready:
+                raise AssertionError("no output for 300 s")
+            try:
+                data = os.read(main_fd, 65536)
+            except OSError:  # EIO: the child has exited
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        proc.wait(60)
+        os.close(main_fd)
+    raw = b"".join(chunks).decode("utf-8")
+    assert proc.returncode == 0, raw[-2000:]
+    assert re.search(r"\d+row \[\d\d:\d\d", raw), raw[:2000]  # the bar was drawn
+    lines = [line for line in screen_of(raw) if line.strip()]
+    assert lines[-1] == "(300 rows)"
+    assert not [line for line in lines[:-1] if line[0] not in "┌│├└"]  # not one line with a bar in it
+
+
+@pytest.mark.parametrize("text", ["", "-- nothing here\n/* nor here */\n  \n"])
+def test_an_empty_script_says_so(capsys, tmp_path, text):
+    script = tmp_path / "empty.rql"
+    script.write_text(text, encoding="utf-8")
+    code, out, err = run(capsys, str(script))
+    assert (code, out, err) == (0, "", f"note: {script} has no statements\n")
+
+
+def test_an_empty_script_among_others(capsys, tmp_path):
+    empty = tmp_path / "empty.rql"
+    empty.write_text("-- to do\n", encoding="utf-8")
+    code, out, err = run(capsys, "-c", "", str(empty), "-c", "SELECT text MATCHING 'ab';")
+    assert code == 0 and [r["text"] for r in jsonl(out)] == ["ab"]
+    assert err.splitlines() == ["note: -c has no statements", f"note: {empty} has no statements"]
+
+
+@pytest.mark.parametrize("flag", ["--version", "--help"])
+def test_version_and_help_do_not_import_torch(flag):
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "relmql.cli", flag],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0
+    assert out.stdout.startswith(f"relmql {relmql.__version__}" if flag == "--version" else "usage: relmql")
+    imported = {line.rsplit("|", 1)[1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "relmql.models" in imported and "argparse" in imported  # the list is real: the parser was built
+    assert not {m for m in imported if m.split(".")[0] in ("torch", "transformers")}
+
+
+def test_import_relmql_is_light_and_exports_its_names():
+    code = ("import sys, relmql\n"
+            "assert 'torch' not in sys.modules and 'relmql.api' not in sys.modules\n"
+            "from relmql.models import BUILTIN_MODELS, DEFAULT_MODEL, load_model\n"
+            "assert 'torch' not in sys.modules\n"
+            "assert callable(relmql.connect) and callable(relmql.sql) and 'torch' in sys.modules\n"
+            "names = {}\n"
+            "exec('from relmql import *', names)\n"
+            "assert set(relmql.__all__) <= set(names), set(relmql.__all__) - set(names)\n"
+            "assert issubclass(relmql.ParseError, relmql.Error) and issubclass(relmql.PlanError, relmql.Error)\n"
+            "from relmql.models import LanguageModel, ModelState, Vocabulary\n"
+            "print(relmql.stats.wilson(37, 100)[0] > 0.28)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "True\n"
+
+
+def test_an_output_path_that_cannot_be_written(capsys, tmp_path):
+    path = tmp_path / "no" / "such" / "dir" / "x.csv"
+    code, out, err = run(capsys, "-o", str(path), "-c", "SELECT text MATCHING 'a';")
+    assert (code, out, err) == (1, "", f"error: cannot write {path}: No such file or directory\n")
+
+
+def test_ctrl_c_while_reading_standard_input(capsys, monkeypatch):
+    class Interrupted:
+        def read(self):
+            raise KeyboardInterrupt
+
+        def isatty(self):
+            return False
+
+    monkeypatch.setattr(sys, "stdin", Interrupted())
+    code, out, err = run(capsys)
+    assert (code, out, err) == (130, "", "cancelled\n")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("fmt", ["table", "jsonl"])
+def test_a_full_disk_is_one_message(monkeypatch, fmt):
+    query = "SELECT text MATCHING 'a(b|c)';"
+    with open("/dev/full", "w", encoding="utf-8") as full:
+        monkeypatch.setattr(sys, "stdout", full)
+        err = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", err)
+        assert main([*TINY, "--format", fmt, "-c", query]) == 1
+        assert err.getvalue() == "error: cannot write standard output: No space left on device\n"
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    assert main([*TINY, "--format", fmt, "-o", "/dev/full", "-c", query]) == 1
+    assert err.getvalue() == "error: cannot write /dev/full: No space left on device\n"
+
+
+def test_a_plot_into_a_missing_folder_fails_before_the_query_runs(capsys, tmp_path):
+    path = tmp_path / "no" / "x.png"
+    code, out, err = run(capsys, "--plot", str(path), "-c", QUERY + ";")
+    assert code == 1 and out == ""
+    assert err.splitlines() == [f"error: cannot write {path}: no folder {path.parent}", "hint: the folder must exist"]

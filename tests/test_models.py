@@ -203,3 +203,25 @@ def test_any_local_model_directory_loads(tiny, tmp_path):
     assert local.vocabulary.fingerprint == tiny.vocabulary.fingerprint
     ids = tiny.vocabulary.encode("hello world")
     assert np.allclose(local.score(ids), tiny.score(ids), atol=1e-5)
+
+
+def test_a_folder_that_is_not_a_model_says_what_it_lacks(tiny, tmp_path):
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(ModelError) as info:
+        load_model(str(tmp_path))
+    assert info.value.message == (f"could not load model {str(tmp_path)!r}: the folder has no config.json, no "
+                                  "weights (model.safetensors or pytorch_model.bin) and no tokenizer "
+                                  "(tokenizer.json or tokenizer.model)")
+    tiny.tokenizer.save_pretrained(tmp_path)
+    tiny.model.config.save_pretrained(tmp_path)
+    with pytest.raises(ModelError, match=r"the folder has no weights \(model.safetensors or pytorch_model.bin\)$"):
+        load_model(str(tmp_path))
+
+
+def test_the_default_dtype_is_float32_and_exact(tiny):
+    from relmql.models.hf import approximate
+    assert load_model("tiny-gpt2").dtype == torch.float32 and tiny.approximate is None
+    assert approximate(None, "cpu") is None and approximate("float32", "cpu") is None
+    assert "bfloat16" in approximate("bfloat16", "cpu") and "float16" in approximate("float16", "cpu")
+    half = load_model("tiny-gpt2", dtype="bfloat16")
+    assert half.approximate.startswith("approximate: the model computes in bfloat16")

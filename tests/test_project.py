@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
+
+from test_syntax import update_golden  # noqa: F401 -- a fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,9 +24,12 @@ def test_readme_opens_with_two_commands():
     assert "pytest" in tests
 
 
-def test_ci_runs_the_readme_test_command():
+def test_ci_runs_the_readme_commands():
+    import runpy
     ci = (ROOT / ".ci" / "run").read_text()
-    assert readme_commands()[1] in ci
+    readme_command = runpy.run_path(str(ROOT / ".ci" / "readme_command.py"))["readme_command"]
+    assert [readme_command(1), readme_command(2)] == readme_commands()[:2]
+    assert "python3 .ci/readme_command.py 1" in ci and "python3 .ci/readme_command.py 2" in ci
 
 
 def test_the_grammar_ships_in_the_wheel(tmp_path):
@@ -47,3 +53,26 @@ def test_the_grammar_ships_in_the_wheel(tmp_path):
     out = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(site)!r}); {code}"],
                          cwd=tmp_path, check=True, capture_output=True, text=True).stdout.split()
     assert out[0].startswith(str(site)) and out[1] == "1"
+
+
+README_OUTPUT = re.compile(r"(The main job prints[^\n]*:\n\n```\n)(.*?)(\n```)", re.S)
+
+
+def test_the_readme_shows_what_the_main_job_prints(monkeypatch, update_golden):
+    """The README's printed output is the main job's, as an 80-column terminal shows it (with
+    --update-golden, the README is rewritten with it)."""
+    from relmql.cli import main
+    from test_cli import _Terminal, screen_of
+    out = _Terminal()
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["--no-progress", "examples/birthdays.rql"]) == 0
+    shown = "\n".join(screen_of(out.getvalue())).strip("\n")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    m = README_OUTPUT.search(readme)
+    assert m, "the README has no block after 'The main job prints'"
+    if update_golden:
+        (ROOT / "README.md").write_text(readme[:m.start(2)] + shown + readme[m.end(2):], encoding="utf-8")
+        return
+    assert m.group(2) == shown

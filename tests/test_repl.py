@@ -134,6 +134,42 @@ def test_bad_queries_print_a_caret_and_the_shell_keeps_going(con):
     assert "Traceback" not in screen
 
 
+def test_errors_before_the_first_row_leave_no_empty_table(con):
+    bad = "SELECT text MATCHING 'x(?<=y)';"
+    _, screen = drive(con, bad + "\r.mode csv\r" + bad + "\r.mode json\r" + bad + "\r" + CTRL_D)
+    lines = screen.splitlines()
+    echoes = [i for i, line in enumerate(lines) if line.endswith("relmql> " + bad)]
+    assert len(echoes) == 3
+    for i in echoes:  # the error right under the statement: no table, no CSV header, no '['
+        assert lines[i + 1:i + 4] == ["regex error: look-behind assertions are not supported", "  " + bad,
+                                      " " * (2 + bad.index("(?<=")) + "^" * len("(?<=y)")]
+    assert "(0 rows)" not in screen and "┌" not in screen
+
+
+def test_a_query_cancelled_before_its_first_row_shows_no_table(con, monkeypatch):
+    import relmql.engine
+    from relmql.execute import Cancelled
+    started = threading.Event()
+
+    def stuck(plan, models, cancel, *args, **kwargs):  # a query still looking for its first row
+        started.set()
+        cancel.wait(20)
+        raise Cancelled("the query was cancelled")
+        yield
+
+    monkeypatch.setattr(relmql.engine, "run", stuck)
+
+    def script(send, screen):
+        assert started.wait(20)
+        _thread.interrupt_main()
+        assert screen.wait_for(lambda s: "cancelled" in s, timeout=8), screen.text[-2000:]
+
+    _, screen = drive(con, "SELECT text MATCHING 'a(b|c)';\r", script)
+    after = screen.split("relmql> SELECT text MATCHING 'a(b|c)';\n", 1)[1]
+    assert after.startswith("cancelled\n")
+    assert "(0 rows)" not in screen and "┌" not in screen and "Traceback" not in screen
+
+
 def test_set_show_and_explain_statements(con):
     _, screen = drive(con, "SET topk = 5;\rEXPLAIN SELECT text MATCHING 'a(b|c)';\rSHOW MODELS;\r" + CTRL_D)
     assert "SET topk = 5" in screen
@@ -192,6 +228,14 @@ def test_read_runs_a_file_and_locates_its_errors(con, tmp_path):
     assert "cannot read" in screen and "missing.rql" in screen
 
 
+def test_read_of_a_file_without_statements_says_so(con, tmp_path):
+    empty = tmp_path / "empty.rql"
+    empty.write_text("-- nothing yet\n\n")
+    _, screen = drive(con, f".read {empty}\r.mode\r" + CTRL_D)
+    assert f"note: {empty} has no statements" in screen
+    assert "mode: table" in screen
+
+
 def test_output_sends_results_to_a_file(con, tmp_path):
     target = tmp_path / "out.csv"
     _, screen = drive(con, f".mode csv\r.output {target}\rSELECT text MATCHING 'a(b|c)';\r.output\r"
@@ -199,6 +243,14 @@ def test_output_sends_results_to_a_file(con, tmp_path):
     assert target.read_text() == "text\nac\nab\n"
     assert "text\nac\n" in screen and "ab\n" not in screen
     assert "cannot write" in screen
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_output_to_a_full_disk_is_one_message(con):
+    _, screen = drive(con, ".output /dev/full\rSELECT text MATCHING 'a(b|c)';\r.output\r"
+                           "SELECT text MATCHING 'a(b|c)' LIMIT 1;\r" + CTRL_D)
+    assert "error: cannot write /dev/full: No space left on device\n" in screen
+    assert "internal error" not in screen and "(1 row)" in screen
 
 
 def test_model_command(con):

@@ -30,7 +30,7 @@ from .language import Language
 from .trie import VocabTrie, trie_for
 
 TOKENIZATIONS = ("canonical", "all")
-CACHE_ENTRIES = 20_000_000  # transitions kept per automaton (about 160 MB)
+CACHE_BYTES = 256 * 2 ** 20  # cached transitions per automaton until a query sets its share of max_memory
 LOOKAHEAD = 3  # tokens looked ahead for a way on where BPE's pair rule could block the next token
 
 
@@ -105,11 +105,18 @@ class TokenAutomaton:
                 raise CompileError(f"the automaton is too large for canonical tokenization "
                                    f"({self.dfa.num_states:,} byte states)", hint="use tokenization all")
         self.start = self._pack(0, self._fresh(0), 0)
-        self._dfa_cache = _Lru(CACHE_ENTRIES)
-        self._arcs_cache = _Lru(CACHE_ENTRIES)
+        self._dfa_cache = _Lru(CACHE_BYTES // 2)
+        self._arcs_cache = _Lru(CACHE_BYTES // 2)
         self._live_cache: Dict[tuple, object] = {}
         self._alive_memo: Dict[tuple, bool] = {}
         self._counts: Dict[Tuple[int, int, bool], int] = {}
+
+    def set_cache_budget(self, nbytes: int) -> None:
+        """Keep at most about ``nbytes`` of cached transitions (least recently used are dropped
+        and computed again when asked for)."""
+        for cache in (self._dfa_cache, self._arcs_cache):
+            cache.budget = max(1, nbytes // 2)
+            cache.shrink()
 
     # -- packing
     def _pack(self, q, tau, lam):
@@ -175,7 +182,7 @@ class TokenAutomaton:
             toks, tgts = self._region_arcs(q, tau, lam, 1)
             parts.append((toks, tgts, np.zeros(len(toks), bool)))
         arcs = Arcs(*(np.concatenate(x) for x in zip(*parts)))
-        self._arcs_cache.put(state, arcs, len(arcs))
+        self._arcs_cache.put(state, arcs, arcs.tokens.nbytes + arcs.targets.nbytes + arcs.prefix.nbytes)
         return arcs
 
     def accepts(self, tokens, prefix_len: Optional[int] = None) -> bool:
@@ -200,7 +207,7 @@ class TokenAutomaton:
         if got is None:
             _, toks, tgts = self.trie.walk_dfa(self.delta, [q])
             got = (toks, tgts)
-            self._dfa_cache.put(q, got, len(toks))
+            self._dfa_cache.put(q, got, got[0].nbytes + got[1].nbytes)
         return got
 
     def _tracker_walk(self, tau: int) -> np.ndarray:
@@ -377,10 +384,10 @@ class TokenAutomaton:
         t0 = time.perf_counter()
         if not any(self.canonical):
             bounds, toks, tgts = self.trie.walk_dfa(self.delta, np.arange(self.dfa.num_states))
-            self._dfa_cache.budget = max(self._dfa_cache.budget, len(toks) + 1)
+            self._dfa_cache.budget = max(self._dfa_cache.budget, toks.nbytes + tgts.nbytes + 1)
             for q in range(self.dfa.num_states):
-                self._dfa_cache.put(q, (toks[bounds[q]:bounds[q + 1]], tgts[bounds[q]:bounds[q + 1]]),
-                                    int(bounds[q + 1] - bounds[q]))
+                got = (toks[bounds[q]:bounds[q + 1]], tgts[bounds[q]:bounds[q + 1]])
+                self._dfa_cache.put(q, got, got[0].nbytes + got[1].nbytes)
         seen = {int(self.start)}
         todo = [int(self.start)]
         narcs = 0
@@ -526,7 +533,7 @@ def _with_prepend(dfa: ByteDFA, prepend: bytes) -> ByteDFA:
 
 
 class _Lru:
-    """A cache of numpy-backed values bounded by their total size (elements)."""
+    """A cache of numpy-backed values bounded by their total size (bytes)."""
 
     def __init__(self, budget: int):
         self.budget = budget
@@ -546,6 +553,9 @@ class _Lru:
         self.items[key] = value
         self.sizes[key] = size
         self.total += size
+        self.shrink()
+
+    def shrink(self):
         while self.total > self.budget and len(self.items) > 1:
             old, _ = self.items.popitem(last=False)
             self.total -= self.sizes.pop(old)

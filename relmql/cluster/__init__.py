@@ -202,7 +202,7 @@ class Statement:
             self.pool.cancel(self._job)
 
     def rows(self, cancel: Optional[threading.Event], progress: Optional[Callable[[int], None]],
-             on_total: Optional[Callable[..., None]], masses: list) -> Iterator:
+             on_total: Optional[Callable[..., None]], masses: list, stops: list) -> Iterator:
         from ..engine import RowEnv, match_regex, stop_warning, stopped_rows_warning
         job = self._make()
         dataset = isinstance(self.plan, DatasetPlan)
@@ -229,10 +229,11 @@ class Statement:
                 raise unit.error
             if dataset and unit.received == 0 and unit.mass is None:
                 yield RowEnv(unit.plan, None, None, regex)  # the row still counts, as in-process
-            if unit.stopped:
-                stopped.append(unit.plan)
+            if unit.stop is not None:
+                stopped.append(unit.stop)
+                stops.append(unit.stop)
                 if not dataset:
-                    print(stop_warning(unit.plan, unit.received), file=sys.stderr)
+                    print(stop_warning(unit.stop), file=sys.stderr)
             if progress is not None and dataset:
                 progress(1)
         if stopped and dataset:

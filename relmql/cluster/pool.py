@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from ..errors import Error
-from ..execute import Cancelled, Mass, Row
+from ..execute import Cancelled, Mass, Row, Stop
 from .worker import Piece
 
 MAX_RETRIES = 3  # deaths of workers running the same plan before its job fails
@@ -34,7 +34,7 @@ class Unit:
     received: int = 0  # rows received in all
     mass: Optional[Mass] = None
     done: bool = False
-    stopped: bool = False
+    stop: Optional[Stop] = None
     warnings: str = ""  # received, not yet shown
     error: Optional[BaseException] = None
     retries: int = 0
@@ -206,7 +206,7 @@ class Pool:
         if unit.mass is None:
             unit.mass = piece.mass
         if piece.done:
-            unit.done, unit.stopped, unit.error = True, piece.stopped, piece.error
+            unit.done, unit.stop, unit.error = True, piece.stop, piece.error
 
     def _fail(self, call: _Call, error: BaseException) -> None:
         for u in call.units:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import Error
-from ..execute import Mass, Row
+from ..execute import Mass, Row, Stop
 
 ROWS_PER_PIECE = 256
 SECONDS_PER_PIECE = 0.2
@@ -27,13 +27,13 @@ class Piece:
     """Part of one plan's result: ``rows`` (each with its rank) continue those sent before;
     ``warnings``: what the plan printed on stderr since the last piece; ``mass``: how a measured
     plan's language was measured (sent once, with the first piece that has it); ``done`` ends the
-    plan, with whether its search stopped at ``max_nodes`` and the ``Error`` it raised, if any."""
+    plan, with the ``Stop`` of a search that a bound ended and the ``Error`` it raised, if any."""
 
     unit: int  # position of the plan in the call
     rows: List[Tuple[Row, int]] = field(default_factory=list)
     mass: Optional[Mass] = None
     done: bool = False
-    stopped: bool = False
+    stop: Optional[Stop] = None
     warnings: str = ""
     error: Optional[Error] = None
 
@@ -99,7 +99,7 @@ class Worker:
                     piece, last = Piece(unit), time.monotonic()
         except Error as e:
             piece.error = e
-        piece.done, piece.stopped = True, bool(stopped)
+        piece.done, piece.stop = True, (stopped[0] if stopped else None)
         if masses and not sent_mass:
             piece.mass = masses[0]
         yield take_warnings(piece)

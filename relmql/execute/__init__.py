@@ -11,7 +11,7 @@ from typing import Iterator, Optional, Union
 from ..automata.tokens import TokenAutomaton
 from ..models.base import LanguageModel
 from .measure import Mass, measure
-from .options import Cancelled, Decoding, ExecutionError, Measure, Sample, ShortestPath
+from .options import Cancelled, Decoding, ExecutionError, Measure, Sample, ShortestPath, Stop
 from .rows import COLUMNS, COMPUTED_COLUMNS, Row
 from .sampling import SampleStats, sample
 from .shortest import SearchStats, shortest_path
@@ -35,4 +35,4 @@ def execute(automaton: TokenAutomaton, model: LanguageModel, traversal: Traversa
 
 
 __all__ = ["execute", "shortest_path", "sample", "measure", "ShortestPath", "Sample", "Measure", "Mass", "Decoding", "Row", "COLUMNS", "COMPUTED_COLUMNS",
-           "Cancelled", "ExecutionError", "SampleStats", "SearchStats"]
+           "Cancelled", "ExecutionError", "SampleStats", "SearchStats", "Stop"]

@@ -4,22 +4,39 @@ The event measured is "given the prefix, the model's generation begins with a st
 language" (with ``eos``: "is a string of the language, then the end of text"). Without ``eos``
 a generation that begins with ``ab`` also begins with ``a`` when both are in the language, so
 only the shortest such token sequences count (first_match): the events are then disjoint and
-their probabilities add up. Summed over every prefix token path p, the total is
-Σ_p P(language after p | p), and per group of strings the same sum over the group.
+their probabilities add up to at most 1 after each prefix token path p.
 
-Exact: a ``ShortestPath`` with ``first_match`` over every token sequence (shared token
-prefixes are read once, from the search tree's cache). Estimate: ``Sample`` draws with
-``misses`` and ``first_match``: the prefix path is uniform over the N prefix paths and the
-completion is drawn locally with importance weight w (or by rejection, w = 1), so
-N · E[w · 1(string in group)] is the group's probability, with a normal (or Wilson) interval.
+A PREFIX may have several token paths (several strings, several tokenizations, edits). The
+value is a mean over them, not a sum: for a prefix path drawn uniformly (as sampling draws
+it), P(the generation after it begins with a string of the group), where the draw is
+restricted to the prefix paths of the group's *prefix class* (the values of the GROUP BY keys
+that the prefix fixes; see ``relmql.engine``). So that the engine can count the prefix paths of
+each class, the rows of a measurement include rows that only count (``miss`` set):
+
+- exact: one row per prefix token path (``prefix_rows``), then every token sequence with a
+  nonzero probability (a ``ShortestPath`` with ``first_match``; shared token prefixes are read
+  once, from the search tree's cache). A class's value is Σ prob / (its prefix paths).
+- estimate: one row per draw of ``Sample`` with ``misses`` and ``first_match``: the prefix path
+  is uniform over the N prefix paths and the completion is drawn locally with importance weight
+  w (or by rejection, w = 1); a draw that found no string is a miss. A class's value is the
+  mean of w · 1(string in group) over the draws whose prefix is in the class.
+
+A row that only counts carries, as its text, a string of the language after its prefix path
+(the one with the fewest edits, then the fewest bytes; found in the byte automaton, without the
+model), so that the GROUP BY keys can be evaluated on it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
+import numpy as np
+
+from ..automata.fsa import SPLIT_COL
 from ..automata.tokens import TokenAutomaton
 from ..models.base import LanguageModel
 from .options import Decoding, Measure
@@ -31,12 +48,13 @@ from .shortest import SearchStats, shortest_path
 @dataclass
 class Mass:
     """How the rows of a measured language were found: ``exact`` (every token sequence, each
-    row's ``prob`` counts once) or from ``draws`` independent samples, of which the rows are
-    the hits, each standing for ``scale`` · ``weight`` (``binary``: every weight is 1)."""
+    row's ``prob`` counts once, and one row that only counts per prefix path) or from ``draws``
+    independent samples, one row each, a hit standing for its ``weight`` (``binary``: every
+    weight is 1). ``prefixes``: the prefix's token paths."""
 
     exact: bool
     draws: int = 0
-    scale: float = 1.0
+    prefixes: int = 1
     binary: bool = False
     confidence: float = 0.95
     sequences: Optional[int] = None  # token sequences in the language, where counted
@@ -44,9 +62,11 @@ class Mass:
 
 def token_sequences(automaton: TokenAutomaton, opts: Measure) -> Optional[int]:
     """The number of token sequences of the language within the token budgets, or None when
-    there are more than ``opts.exact_limit`` (or infinitely many)."""
+    there are more than ``opts.exact_limit`` (or infinitely many), or more prefix token paths."""
     strings = automaton.num_strings
     if strings is None or strings > opts.exact_limit:
+        return None
+    if automaton.count_paths(automaton.start, opts.max_prefix_tokens, prefix_only=True) > opts.exact_limit:
         return None
     n = automaton.count_paths(automaton.start, opts.max_prefix_tokens + opts.max_tokens)
     return n if n <= opts.exact_limit else None
@@ -55,14 +75,116 @@ def token_sequences(automaton: TokenAutomaton, opts: Measure) -> Optional[int]:
 def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opts: Measure,
             cancel: Optional[threading.Event] = None, stats: Optional[SearchStats] = None
             ) -> Tuple[Mass, Iterator[Row]]:
-    """How the language will be measured, and its rows: every token sequence with nonzero
-    probability (exact), or one row per draw (estimate; draws that found no string of the
-    language have ``miss`` set)."""
+    """How the language will be measured, and its rows: one row that only counts per prefix
+    path, then every token sequence with nonzero probability (exact); or one row per draw
+    (estimate). Rows that only count (prefix paths, draws that found no string of the
+    language) have ``miss`` set."""
     opts = opts.check()
-    n = token_sequences(automaton, opts)
-    if n is not None:
-        return (Mass(True, confidence=opts.confidence, sequences=n),
-                shortest_path(automaton, model, rules, opts.exact(), cancel, stats))
     prefixes = automaton.count_paths(automaton.start, opts.max_prefix_tokens, prefix_only=True)
-    mass = Mass(False, opts.samples, float(prefixes), opts.mode == "exact", opts.confidence)
-    return mass, sample(automaton, model, rules, opts.estimate(), cancel)
+    n = token_sequences(automaton, opts)
+    reps = _Representatives(automaton)
+    if n is not None:
+        mass = Mass(True, prefixes=prefixes, confidence=opts.confidence, sequences=n)
+        return mass, _chain(prefix_rows(automaton, opts.max_prefix_tokens, reps),
+                            shortest_path(automaton, model, rules, opts.exact(), cancel, stats))
+    mass = Mass(False, opts.samples, prefixes, opts.mode == "exact", opts.confidence)
+    draws = sample(automaton, model, rules, opts.estimate(), cancel)
+    return mass, (reps.row(r.tokens[:r.prefix_tokens], rank=r.rank) if r.miss else r for r in draws)
+
+
+def _chain(*parts):
+    for p in parts:
+        yield from p
+
+
+def prefix_paths(automaton: TokenAutomaton, max_tokens: int) -> Iterator[Tuple[Tuple[int, ...], int]]:
+    """Every prefix token path of at most ``max_tokens`` tokens (the paths sampling draws a
+    prefix from) and the state at its end, depth first."""
+    stack = [(automaton.start, ())]
+    while stack:
+        state, path = stack.pop()
+        if automaton._ends_here(state, True):
+            yield path, state
+        budget = max_tokens - len(path)
+        if budget <= 0 or not automaton.in_prefix(state):
+            continue
+        arcs = automaton.arcs(state)
+        pre = np.flatnonzero(arcs.prefix)
+        for i in pre[::-1].tolist():
+            t, nxt = int(arcs.tokens[i]), int(arcs.targets[i])
+            if automaton.count_paths(nxt, budget - 1, prefix_only=True):
+                stack.append((nxt, path + (t,)))
+
+
+def prefix_rows(automaton: TokenAutomaton, max_tokens: int, reps: Optional["_Representatives"] = None
+                ) -> Iterator[Row]:
+    """One row that only counts per prefix token path (see ``_Representatives.row``)."""
+    reps = reps or _Representatives(automaton)
+    for path, state in prefix_paths(automaton, max_tokens):
+        yield reps.row(path, state)
+
+
+class _Representatives:
+    """Rows that only count: a prefix token path with, as its text, a string of the language
+    after it (the fewest edits, then the fewest bytes, then the smallest bytes)."""
+
+    def __init__(self, automaton: TokenAutomaton):
+        self.automaton = automaton
+        self._after: Dict[int, Tuple[bytes, int]] = {}  # byte state after the prefix -> (completion, edits)
+        self._rows: Dict[Tuple[int, ...], Row] = {}
+
+    def row(self, path, state: Optional[int] = None, rank: int = 0) -> Row:
+        path = tuple(int(t) for t in path)
+        got = self._rows.get(path)
+        if got is None:
+            a = self.automaton
+            if state is None:
+                state = self._walk(path)
+            completion, edits = self._completion(a.unpack(state)[0])
+            prefix = a.vocabulary.decode(path)
+            rest = completion.decode("utf-8", errors="replace")
+            got = self._rows[path] = Row(prefix + rest, prefix, rest, path, -math.inf, -math.inf, False, edits, 0,
+                                         0.0, len(path), True)
+        return dataclasses.replace(got, rank=rank) if rank else got
+
+    def _walk(self, path) -> int:
+        a = self.automaton
+        state = a.start
+        for t in path:
+            arcs = a.arcs(state)
+            state = int(arcs.targets[np.flatnonzero((arcs.tokens == t) & arcs.prefix)[0]])
+        return state
+
+    def _completion(self, q: int) -> Tuple[bytes, int]:
+        got = self._after.get(q)
+        if got is not None:
+            return got
+        dfa = self.automaton.dfa
+        dead = dfa.dead
+        start = int(dfa.delta[q, SPLIT_COL])
+        back: Dict[int, Tuple[Optional[int], int]] = {start: (None, -1)}
+        frontier, best = [start], None
+        while frontier:  # breadth first: the first final state of the fewest edits on the shortest path
+            for s in frontier:
+                e = int(dfa.final[s])
+                if e >= 0 and (best is None or e < dfa.final[best]):
+                    best = s
+            if best is not None and dfa.final[best] == 0:
+                break
+            nxt = []
+            for s in frontier:
+                row = dfa.delta[s, :256]
+                for b in np.flatnonzero(row != dead).tolist():
+                    t = int(row[b])
+                    if t not in back:
+                        back[t] = (s, b)
+                        nxt.append(t)
+            frontier = nxt
+        out = []
+        s = best if best is not None else start
+        edits = int(dfa.final[s]) if best is not None else 0
+        while back[s][0] is not None:
+            s, b = back[s]
+            out.append(b)
+        got = self._after[q] = (bytes(reversed(out)), edits)
+        return got

@@ -7,10 +7,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import Error
+from ..memory import DEFAULT_MAX_MEMORY, format_size
 
 ORDERS = ("prob", "total_prob")
 SAMPLING_MODES = ("local", "exact")
 MAX_PREFIX_TOKENS = 1024  # prefixes such as a whole passage of text run to hundreds of tokens
+MAX_NODES_PER_ROW = 10_000  # about a minute of SmolLM2-135M on two CPU cores
 
 
 class ExecutionError(Error):
@@ -23,6 +25,31 @@ class Cancelled(Error):
     """The query was stopped before it finished."""
 
     kind = "cancelled"
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why a traversal ended before its language (or its LIMIT) was exhausted: ``bound`` is the
+    option that stopped it (max_nodes, max_nodes_per_row or max_memory), ``limit`` its value and
+    ``rows`` how many rows had been released. The rows released are exact and in order."""
+
+    bound: str
+    limit: int
+    rows: int
+
+    def limit_text(self) -> str:
+        return format_size(self.limit) if self.bound == "max_memory" else f"{self.limit:,} nodes"
+
+    def message(self) -> str:
+        """The warning a user sees."""
+        what = {"max_nodes": f"after expanding {self.limit_text()} (max_nodes)",
+                "max_nodes_per_row": f"after expanding {self.limit_text()} without finding another row "
+                                     f"(max_nodes_per_row)",
+                "max_memory": f"when its queue and stored children reached their share of "
+                              f"{self.limit_text()} (max_memory)"}[self.bound]
+        rows = f"{self.rows:,} row{'s' if self.rows != 1 else ''}"
+        kept = "; those are exact and in order, and more may exist" if self.rows else "; more may exist"
+        return f"the search stopped {what} with {rows}{kept} (raise {self.bound} to search further)"
 
 
 @dataclass(frozen=True)
@@ -63,7 +90,9 @@ class ShortestPath:
     prefix. ``max_nodes``: stop expanding after this many nodes (the rows released until then
     are still the most probable, in order; ``SearchStats.stopped`` tells). ``batch_size``: nodes
     expanded per model call. ``max_prefix_nodes``: how many prefix nodes "prob" order may expand before its first
-    row (it needs every prefix's distribution to be sure of the order). ``first_match``: the
+    row (it needs every prefix's distribution to be sure of the order). ``max_nodes_per_row``: stop
+    after expanding this many nodes without releasing a row. ``max_memory``: the query's memory
+    budget (``relmql.memory``); the search stops when its own structures outgrow their share. ``first_match``: the
     search does not go past a string of the language (without ``eos``): rows are then the
     shortest strings a generation can begin with, disjoint events whose probabilities add up."""
 
@@ -74,6 +103,8 @@ class ShortestPath:
     max_prefix_nodes: int = 100_000
     max_prefix_tokens: int = MAX_PREFIX_TOKENS
     max_nodes: Optional[int] = None
+    max_nodes_per_row: Optional[int] = MAX_NODES_PER_ROW
+    max_memory: int = DEFAULT_MAX_MEMORY
     first_match: bool = False
 
     def check(self) -> "ShortestPath":
@@ -85,8 +116,11 @@ class ShortestPath:
                 raise ExecutionError(f"{name} must be a whole number of at least 1, not {v!r}")
         if self.limit is not None and not (isinstance(self.limit, int) and self.limit >= 0):
             raise ExecutionError(f"limit must be a whole number, not {self.limit!r}")
-        if self.max_nodes is not None and not (isinstance(self.max_nodes, int) and self.max_nodes >= 1):
-            raise ExecutionError(f"max_nodes must be a whole number of at least 1, not {self.max_nodes!r}")
+        for name in ("max_nodes", "max_nodes_per_row"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, int) and v >= 1):
+                raise ExecutionError(f"{name} must be a whole number of at least 1, not {v!r}")
+        _check_memory(self.max_memory)
         return self
 
 
@@ -112,7 +146,8 @@ class Sample:
     or reaches a dead end (local) is not drawn again but ends as a row with ``miss`` set and
     weight 0, so that the n rows are independent draws for estimating probabilities. With
     ``first_match`` (and no ``eos``), a completion ends at the first string of the language it
-    spells, as ``ShortestPath.first_match`` does.
+    spells, as ``ShortestPath.first_match`` does. ``max_memory``: the query's memory budget; the
+    states cached for prefixes and completions that several samples share stay within its share.
     """
 
     n: int
@@ -124,6 +159,7 @@ class Sample:
     max_prefix_tokens: int = MAX_PREFIX_TOKENS
     misses: bool = False
     first_match: bool = False
+    max_memory: int = DEFAULT_MAX_MEMORY
 
     def check(self) -> "Sample":
         if not (isinstance(self.n, int) and self.n >= 0):
@@ -136,13 +172,14 @@ class Sample:
                 raise ExecutionError(f"{name} must be a whole number of at least 1, not {v!r}")
         if not isinstance(self.seed, int):
             raise ExecutionError(f"seed must be a whole number, not {self.seed!r}")
+        _check_memory(self.max_memory)
         return self
 
 
 @dataclass(frozen=True)
 class Measure:
-    """The probability of the language, P(string in the language | prefix), summed over the
-    prefix's token paths (per group: over the strings of the group).
+    """The probability of the language, P(string in the language | prefix), averaged over the
+    prefix's token paths (per group: over the strings of the group; see ``measure``).
 
     Summed exactly over every token sequence (``ShortestPath`` with ``first_match``) when the
     language is finite with at most ``exact_limit`` of them; otherwise estimated from
@@ -158,18 +195,21 @@ class Measure:
     batch_size: Optional[int] = None  # default: 32 nodes (exact) or 64 draws (estimate) per model call
     max_prefix_tokens: int = MAX_PREFIX_TOKENS
     confidence: float = 0.95
+    max_memory: int = DEFAULT_MAX_MEMORY
 
     def exact(self) -> ShortestPath:
         """The traversal that sums exactly (in order of total probability: the order does not
-        matter for a sum, and this one needs no prefix's distribution before the first row)."""
+        matter for a sum, and this one needs no prefix's distribution before the first row). It
+        visits at most ``exact_limit`` sequences, so no node bound applies."""
         return ShortestPath(order="total_prob", max_tokens=self.max_tokens, batch_size=self.batch_size or 32,
-                            max_prefix_tokens=self.max_prefix_tokens, first_match=True)
+                            max_prefix_tokens=self.max_prefix_tokens, first_match=True, max_nodes_per_row=None,
+                            max_memory=self.max_memory)
 
     def estimate(self) -> Sample:
         """The traversal that estimates."""
         return Sample(self.samples, seed=self.seed, mode=self.mode, max_tokens=self.max_tokens,
                       batch_size=self.batch_size or 64, max_prefix_tokens=self.max_prefix_tokens, misses=True,
-                      first_match=True)
+                      first_match=True, max_memory=self.max_memory)
 
     def check(self) -> "Measure":
         if not (isinstance(self.exact_limit, int) and self.exact_limit >= 0):
@@ -179,3 +219,8 @@ class Measure:
         if not 0 < self.confidence < 1:
             raise ExecutionError(f"confidence must be between 0 and 1, not {self.confidence!r}")
         return self
+
+
+def _check_memory(value) -> None:
+    if not (isinstance(value, int) and value >= 1):
+        raise ExecutionError(f"max_memory must be a positive number of bytes, not {value!r}")

@@ -18,7 +18,8 @@ and starts the completion again whenever it leaves the language (rejection).
 Every sample has its own random stream (seed, sample number), so results do not depend on
 batching. Walkers are batched: up to ``batch_size`` completions advance together, one token per
 model call, each reusing its own keys and values; walkers that reach a completion another
-walker has already read take its state from a cache instead of the model.
+walker has already read take its state from a cache instead of the model. The states cached
+for prefixes and for completions stay within the traversal's share of ``max_memory``.
 """
 
 from __future__ import annotations
@@ -34,13 +35,12 @@ import numpy as np
 import torch
 
 from ..automata.tokens import TokenAutomaton
+from ..memory import shares
 from ..models.base import LanguageModel, ModelState
 from .decoding import RuleScores
 from .options import Cancelled, Decoding, ExecutionError, Sample
 from .rows import Row, make_row
 
-
-STATE_CACHE = 4096  # model states kept for completions that several samples share
 
 
 @dataclass
@@ -111,7 +111,14 @@ def sample(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opt
     eos = model.eos_id
     exact = opts.mode == "exact"
     budget = opts.max_draws if opts.max_draws is not None else max(1000, 1000 * opts.n)
-    prefixes: Dict[Tuple[int, ...], Tuple[ModelState, float]] = {}
+    memory = shares(opts.max_memory)
+    model.set_cache_budget(memory.kv)
+    automaton.set_cache_budget(memory.automaton)
+    # a cached state holds its next-token log-probabilities (float32) and, for rejection, their
+    # cumulative sums (float64); half the share for prefixes, half for completions
+    per_state = len(vocab) * (12 if exact else 4)
+    cached_states = max(opts.batch_size, memory.traversal // 2 // per_state)
+    prefixes: "OrderedDict[Tuple[int, ...], Tuple[ModelState, float]]" = OrderedDict()
     done: Dict[int, Row] = {}
     waiting: List[_Walker] = []
     next_out = 0
@@ -119,13 +126,18 @@ def sample(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opt
 
     def prefix_states(walkers: List[_Walker]):
         todo = sorted({w.prefix for w in walkers if w.prefix not in prefixes})
+        got = {}
         for k in range(0, len(todo), opts.batch_size):
             part = todo[k:k + opts.batch_size]
             for path, st in zip(part, model.extend([None] * len(part), [list(p) for p in part])):
-                prefixes[path] = (st, float(np.nansum(st.token_logprobs)))
+                got[path] = (st, float(np.nansum(st.token_logprobs)))
         for w in walkers:
-            w.start_state, w.pre_raw = prefixes[w.prefix]
+            w.start_state, w.pre_raw = got.get(w.prefix) or prefixes[w.prefix]
             restart(w)
+        for path, value in got.items():
+            prefixes[path] = value
+        while len(prefixes) > cached_states:
+            prefixes.popitem(last=False)
 
     def restart(w: _Walker):
         w.state, w.node, w.tokens, w.cond, w.weight = w.start_state, w.start_node, [], 0.0, 1.0
@@ -256,7 +268,7 @@ def sample(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opt
                 for w in todo[key]:
                     w.state = st
                 seen[key] = st
-            while len(seen) > STATE_CACHE:
+            while len(seen) > cached_states:
                 seen.popitem(last=False)
         active = [w for w, _ in step]
         while next_out in done:

@@ -29,27 +29,32 @@ import numpy as np
 import torch
 
 from ..automata.tokens import Arcs, TokenAutomaton
+from ..memory import shares
 from ..models.base import LanguageModel, ModelState
 from .decoding import RuleScores
-from .options import Cancelled, Decoding, ExecutionError, ShortestPath
+from .options import Cancelled, Decoding, ExecutionError, ShortestPath, Stop
 from .rows import Row, make_row
 
 CHUNK = 256  # children kept per node; more are recomputed when needed
+NODE_BYTES = 400  # a search node and its queue entry, as Python objects (measured: about 330)
 
 _CHILD, _RESULT, _MORE = 0, 1, 2
 
 
 class _Node:
     __slots__ = ("parent", "token", "state", "prefix", "npre", "ncomp", "pre_raw", "cond", "key", "cache",
-                 "kids", "kid_keys", "more")
+                 "kids", "more")
 
     def __init__(self, parent, token, state, prefix, npre, ncomp, pre_raw, cond, key):
         self.parent, self.token, self.state, self.prefix = parent, token, state, prefix
         self.npre, self.ncomp, self.pre_raw, self.cond, self.key = npre, ncomp, pre_raw, cond, key
         self.cache = None   # the model's KV block for this node's tokens
-        self.kids = None    # (tokens, states, is_prefix, raw lp, rule lp) of the stored children
-        self.kid_keys = None
+        self.kids = None    # (tokens, states, is_prefix, raw lp, rule lp, key tier, key value) of the
+        #                     stored children, sorted by key; dropped once all are in the queue
         self.more = 0       # where the next chunk of children starts, 0 when there is none
+
+    def kid_key(self, i: int) -> tuple:
+        return int(self.kids[5][i]), float(self.kids[6][i])
 
     def tokens(self) -> List[int]:
         out, n = [], self
@@ -63,12 +68,30 @@ class _Node:
 @dataclass
 class SearchStats:
     """Nodes expanded (each costs the model one token: the start-of-text token for the root),
-    how many of them were prefix nodes, rows released, and whether the search stopped at
-    ``max_nodes`` with the language not exhausted."""
+    how many of them were prefix nodes, rows released, the most bytes the search held in its
+    queue and stored children (estimated before each model call), and the ``Stop`` when a bound
+    ended the search with the language not exhausted."""
     expanded: int = 0
     prefix: int = 0
     rows: int = 0
-    stopped: bool = False
+    held: int = 0
+    stop: Optional[Stop] = None
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop is not None
+
+
+def stacked(states: List[ModelState]) -> torch.Tensor:
+    """The states' next-token log-probabilities as one ``[batch, vocab]`` tensor: a view of the
+    one they are consecutive rows of, when a single model call made them, else a copy."""
+    first = states[0].logprobs
+    n = first.shape[0]
+    ptr, off = first.untyped_storage().data_ptr(), first.storage_offset()
+    if first.stride() == (1,) and all(s.logprobs.untyped_storage().data_ptr() == ptr and s.logprobs.stride() == (1,)
+                                      and s.logprobs.storage_offset() == off + i * n for i, s in enumerate(states)):
+        return first.as_strided((len(states), n), (n, 1))
+    return torch.stack([s.logprobs for s in states])
 
 
 def candidates(arcs: Arcs, kept: Optional[np.ndarray]) -> Arcs:
@@ -91,6 +114,9 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
     """Rows in non-increasing order of ``opts.order``, exactly, as soon as each is certain."""
     rules, opts = rules.check(), opts.check()
     stats = stats if stats is not None else SearchStats()
+    budget = shares(opts.max_memory)
+    model.set_cache_budget(budget.kv)
+    automaton.set_cache_budget(budget.automaton)
     by_prob = opts.order == "prob"
     eos = model.eos_id
     vocab = model.vocabulary
@@ -98,6 +124,9 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
     heap: list = []
     prefix_expanded = 0
     found = 0
+    kid_bytes = 0   # stored children
+    nodes = 0       # nodes made (an upper bound on those alive)
+    row_at = 0      # nodes expanded when the last row was released
 
     def node_key(pre_raw, cond, prefix_phase):
         if by_prob:
@@ -114,18 +143,30 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
         return make_row(vocab, node.tokens(), node.npre, cond, node.pre_raw + cond, edits, found + 1)
 
     def materialize(parent: _Node, i: int) -> _Node:
-        toks, states, pre, raw, rule = parent.kids
+        nonlocal nodes
+        toks, states, pre, raw, rule = parent.kids[:5]
         is_pre = bool(pre[i])
-        node = _Node(parent, int(toks[i]), int(states[i]), is_pre, parent.npre + is_pre,
+        nodes += 1
+        return _Node(parent, int(toks[i]), int(states[i]), is_pre, parent.npre + is_pre,
                      parent.ncomp + (not is_pre), parent.pre_raw + (float(raw[i]) if is_pre else 0.0),
-                     parent.cond + (0.0 if is_pre else float(rule[i])), parent.kid_keys[i])
-        return node
+                     parent.cond + (0.0 if is_pre else float(rule[i])), parent.kid_key(i))
+
+    def store_kids(node: _Node, kids) -> None:
+        nonlocal kid_bytes
+        if node.kids is not None:
+            kid_bytes -= sum(a.nbytes for a in node.kids)
+        node.kids = kids
+        if kids is not None:
+            kid_bytes += sum(a.nbytes for a in kids)
 
     def next_sibling(parent: _Node, i: int):
-        if i + 1 < len(parent.kid_keys):
-            push(parent.kid_keys[i + 1], _CHILD, parent, i + 1)
+        if i + 1 < len(parent.kids[0]):
+            push(parent.kid_key(i + 1), _CHILD, parent, i + 1)
         elif parent.more:
-            push(parent.kid_keys[-1], _MORE, parent, parent.more)
+            push(parent.kid_key(i), _MORE, parent, parent.more)
+            store_kids(parent, None)  # made again, from the next chunk on, if ever needed
+        else:
+            store_kids(parent, None)  # every child is in the queue or expanded
 
     def stops(state: int) -> bool:
         """With ``first_match``: the generation begins with a string of the language here, so the
@@ -193,7 +234,7 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
                     if edits >= 0:
                         push(result_key(chain[-1].pre_raw, 0.0), _RESULT, chain[-1], edits)
         batch = [(chain[-1], chunk) for chain, chunk in batch]
-        raw = torch.stack([o.logprobs for o in outs])
+        raw = stacked(outs)
         scores = RuleScores(raw, rules)
         arcs = [candidates(automaton.arcs(node.state), scores.kept[b] if scores.kept else None)
                 for b, (node, _) in enumerate(batch)]
@@ -229,17 +270,30 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
                 tier = np.zeros(len(t), np.int64)
                 val = -(node.pre_raw + node.cond + np.where(p, rr, ru))
             order = np.lexsort((val, tier))[chunk:chunk + CHUNK]
-            node.kids = (t[order], s[order], p[order], rr[order], ru[order])
-            node.kid_keys = [(int(a_), float(b_)) for a_, b_ in zip(tier[order], val[order])]
+            if not len(order):
+                continue
+            store_kids(node, (t[order], s[order], p[order], rr[order], ru[order], tier[order].astype(np.int8),
+                              val[order]))
             node.more = chunk + CHUNK if chunk + CHUNK < len(t) else 0
-            if node.kid_keys:
-                push(node.kid_keys[0], _CHILD, node, 0)
+            push(node.kid_key(0), _CHILD, node, 0)
         stats.prefix = prefix_expanded
         if by_prob and prefix_expanded > opts.max_prefix_nodes:
             raise ExecutionError(
                 f"ORDER BY prob needs the distribution after every prefix, and this prefix has more than "
                 f"{opts.max_prefix_nodes:,} token paths", hint="use ORDER BY total_prob, a canonical prefix "
                 "tokenization, or a narrower PREFIX")
+
+    def bound() -> Optional[Stop]:
+        """The bound that stops the search before its next model call, if one does."""
+        held = kid_bytes + (nodes + len(heap)) * NODE_BYTES
+        stats.held = max(stats.held, held)
+        if opts.max_nodes is not None and stats.expanded >= opts.max_nodes:
+            return Stop("max_nodes", opts.max_nodes, found)
+        if opts.max_nodes_per_row is not None and stats.expanded - row_at >= opts.max_nodes_per_row:
+            return Stop("max_nodes_per_row", opts.max_nodes_per_row, found)
+        if held > budget.traversal:
+            return Stop("max_memory", opts.max_memory, found)
+        return None
 
     if opts.limit == 0:
         return
@@ -265,6 +319,7 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
                 yield row(node, cond, arg)
                 found += 1
                 stats.rows = found
+                row_at = stats.expanded
                 if opts.limit is not None and found >= opts.limit:
                     return
                 continue
@@ -278,8 +333,9 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
         for entry in held:
             heapq.heappush(heap, entry)
         if batch:
-            if opts.max_nodes is not None and stats.expanded >= opts.max_nodes:
-                stats.stopped = True  # a budget, not an order: rows released so far are exact
+            stop = bound()
+            if stop is not None:
+                stats.stop = stop  # a budget, not an order: rows released so far are exact
                 return
             expand(batch)
             batch = []

@@ -6,7 +6,6 @@ import os
 from typing import Callable, Dict, Optional
 
 from ..errors import ModelError, closest
-from .base import LanguageModel, ModelState
 from .vocab import Vocabulary
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -26,8 +25,8 @@ HUB_ALIASES = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-mediu
 def load_model(name: str = DEFAULT_MODEL, device: Optional[str] = None, dtype: Optional[str] = None) -> LanguageModel:
     """A model by name: a built-in one, a local directory, or a Hugging Face hub id.
 
-    ``device``: cpu, cuda, cuda:N or auto (default); ``dtype``: float32, bfloat16, float16 or
-    auto (bfloat16 where the hardware runs it natively).
+    ``device``: cpu, cuda, cuda:N or auto (default); ``dtype``: float32 (default: exact),
+    bfloat16, float16 or auto (the fastest the hardware runs natively; approximate).
     """
     builtin = _builtin()
     if name in builtin:
@@ -40,6 +39,14 @@ def load_model(name: str = DEFAULT_MODEL, device: Optional[str] = None, dtype: O
     raise ModelError(f"unknown model {name!r}" + (f"; did you mean {near!r}?" if near else ""),
                      hint=f"built-in models: {', '.join(BUILTIN_MODELS)}; or give a local directory "
                           "or a Hugging Face model id (gpt2 and gpt2-xl stand for openai-community/...)")
+
+
+def __getattr__(name):
+    # the protocol imports torch: load it on first use, so that `relmql --help` does not
+    if name in ("LanguageModel", "ModelState"):
+        from . import base
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["LanguageModel", "ModelState", "Vocabulary", "load_model", "BUILTIN_MODELS", "DEFAULT_MODEL"]

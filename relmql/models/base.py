@@ -58,6 +58,7 @@ class LanguageModel(abc.ABC):
     vocabulary: Vocabulary
     device: torch.device
     stats: ModelStats
+    approximate: Optional[str] = None  # why its probabilities are approximate; None when exact
 
     @property
     def eos_id(self) -> int:
@@ -70,6 +71,10 @@ class LanguageModel(abc.ABC):
     @abc.abstractmethod
     def extend(self, states: Sequence[Optional[ModelState]], tokens: Sequence[Sequence[int]]) -> List[ModelState]:
         """New states after reading ``tokens[i]`` on top of ``states[i]``."""
+
+    def set_cache_budget(self, nbytes: int) -> None:
+        """Keep at most about ``nbytes`` of cached state (keys and values) from now on; a backend
+        without such a cache ignores it."""
 
     def start(self) -> ModelState:
         """The state at the start of a text (after the start-of-text token)."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
-import logging
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -15,8 +17,6 @@ import torch
 from ..cache import cache_dir
 from ..errors import ModelError
 from .hf import TransformersModel, resolve_device, resolve_dtype
-
-log = logging.getLogger("relmql")
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -55,9 +55,10 @@ def load_smollm2(device: Optional[str] = None, dtype: Optional[str] = None) -> T
     target = cache_dir() / "models" / key
     _quiet_transformers()
     if not (target / "config.json").exists():
-        log.info("converting %s to %s (once)", gguf, target)
-        model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
-        tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+        print(f"note: converting the embedded model into {target} (once, about 15 s)", file=sys.stderr)
+        with contextlib.redirect_stderr(io.StringIO()):  # transformers' own progress bar
+            model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+            tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
         config = model.config.to_dict()
         config.pop("quantization_config", None)
         plain = AutoModelForCausalLM.from_config(type(model.config).from_dict(config), dtype=dt)

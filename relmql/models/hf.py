@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 import weakref
@@ -13,11 +14,16 @@ import numpy as np
 import torch
 
 from ..errors import ModelError
+from ..memory import return_large_blocks
 from .base import LanguageModel, ModelState, ModelStats
 from .vocab import Vocabulary, from_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DEFAULT_KV_BUDGET = 2 * 2 ** 30  # bytes of cached keys and values kept per model
+# how far the reduced dtypes move a log-probability, measured by benchmarks/precision_bench.py
+PRECISION = {"bfloat16": "log-probabilities off by 0.03 per token typically, up to 1.8",
+             "float16": "log-probabilities off by 0.003 per token typically, up to 0.04"}
+DEFAULT_KV_BUDGET = 2 ** 30  # bytes of cached keys and values kept per model (a query sets its own share)
+LOGITS_BYTES = 256 * 2 ** 20  # float32 logits of one forward pass, at most (unless one sequence needs more)
 
 
 def resolve_device(device: Optional[str]) -> torch.device:
@@ -34,8 +40,12 @@ def resolve_device(device: Optional[str]) -> torch.device:
 
 
 def resolve_dtype(dtype: Optional[str], device: torch.device) -> torch.dtype:
-    """``None``/"auto" → bfloat16 on a CPU with native bf16 support or on CUDA, else float32."""
-    if dtype in (None, "auto"):
+    """``None``/"float32" → float32, the exact default; "auto" → the fastest dtype the hardware
+    runs natively (bfloat16 on CUDA or on a CPU with native bf16 support, else float32), an
+    explicit opt-in whose numbers are approximate."""
+    if dtype is None:
+        return torch.float32
+    if dtype == "auto":
         if device.type == "cuda":
             return torch.bfloat16
         cap = torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, "cpu") else ""
@@ -43,6 +53,26 @@ def resolve_dtype(dtype: Optional[str], device: torch.device) -> torch.dtype:
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype {dtype!r} (use {', '.join(DTYPES)} or auto)")
     return DTYPES[dtype]
+
+
+def approximate(dtype: Optional[str], device: Optional[str]) -> Optional[str]:
+    """Why a model loaded with these settings gives approximate probabilities, or None when it
+    computes them as direct float32 scoring with transformers does."""
+    if dtype in (None, "float32"):
+        dt = torch.float32
+    elif dtype == "auto":
+        cuda = device not in (None, "cpu") and str(device).startswith(("cuda", "auto")) and torch.cuda.is_available()
+        dt = resolve_dtype("auto", torch.device("cuda" if cuda else "cpu"))
+    else:
+        dt = DTYPES.get(dtype, torch.float32)
+    if dt != torch.float32:
+        name = str(dt).replace("torch.", "")
+        return (f"approximate: the model computes in {name} ({PRECISION[name]} of float32 "
+                f"scoring; see docs/models.md); dtype float32 gives exact numbers")
+    if str(device or "cpu").startswith(("cuda", "auto")) and torch.get_float32_matmul_precision() != "highest":
+        return ("approximate: float32 matrix products run in TF32 on this GPU "
+                "(torch.set_float32_matmul_precision('highest') gives exact numbers)")
+    return None
 
 
 @dataclass(eq=False)
@@ -57,6 +87,7 @@ class KVBlock:
     kv: Optional[torch.Tensor] = field(repr=False)
     n: int
     length: int
+    store: "_Store" = field(repr=False, default=None)
 
     def chain(self) -> List["KVBlock"]:
         out, b = [], self
@@ -65,6 +96,15 @@ class KVBlock:
             b = b.parent
         out.reverse()
         return out
+
+
+class _Store:
+    """The tensor of keys and values one forward pass wrote, shared by its blocks."""
+
+    __slots__ = ("nbytes", "live")
+
+    def __init__(self, nbytes: int):
+        self.nbytes, self.live = nbytes, 0
 
 
 class TransformersModel(LanguageModel):
@@ -78,16 +118,19 @@ class TransformersModel(LanguageModel):
 
     def __init__(self, model, tokenizer, name: str, bos_id: Optional[int] = None, eos_id: Optional[int] = None,
                  kv_budget: int = DEFAULT_KV_BUDGET):
+        return_large_blocks()
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        self.approximate = approximate(str(self.dtype).replace("torch.", ""), str(self.device))
         vocab_size = model.get_output_embeddings().weight.shape[0]
         self.vocabulary: Vocabulary = from_tokenizer(tokenizer, vocab_size, eos_id=eos_id, bos_id=bos_id)
         if self.vocabulary.bos_id is None:
             raise ModelError(f"model {name!r} has neither a start-of-text nor an end-of-text token")
         self.stats = ModelStats()
+        self._cache_arg = cache_argument(model)
         self.kv_budget = kv_budget
         self._kv_bytes = 0
         self._kv_lru: "OrderedDict[int, weakref.ref]" = OrderedDict()
@@ -99,27 +142,44 @@ class TransformersModel(LanguageModel):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
-        if not os.path.isdir(path) and not _hub_reachable():
+        local = os.path.isdir(path)
+        if local:
+            missing = missing_model_files(path)
+            if missing:
+                listed = ", no ".join(missing[:-1]) + (" and no " if len(missing) > 1 else "") + missing[-1]
+                raise ModelError(f"could not load model {path!r}: the folder has no {listed}",
+                                 hint="a model folder is what transformers' save_pretrained writes "
+                                      "(model and tokenizer)")
+        elif not _hub_reachable():
             kwargs.setdefault("local_files_only", True)  # no network: only the local cache
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, **kwargs)
-        except (OSError, ValueError) as e:
-            where = "a local directory" if os.path.isdir(path) else "a local directory or a model in the Hugging Face cache"
-            raise ModelError(f"could not load model {path!r}: it is not {where} that transformers can read "
-                             f"({str(e).splitlines()[0][:160]}); downloading from the hub needs network access") from None
+        except (OSError, ValueError, KeyError) as e:
+            why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            if local:
+                raise ModelError(f"could not load model {path!r}: transformers cannot read the folder ({why})") from None
+            raise ModelError(f"could not load model {path!r}: it is neither a local folder nor a model in the Hugging "
+                             f"Face cache ({why})", hint="downloading from the hub needs network access") from None
         return cls(model.to(dev), tokenizer, name or path)
 
     # -- the key/value store
     def _register(self, block: KVBlock):
-        size = block.kv.numel() * block.kv.element_size()
-        self._kv_bytes += size
+        store = block.store
+        store.live += 1
+        if store.live == 1:
+            self._kv_bytes += store.nbytes
         key = id(block)
-        self._kv_lru[key] = weakref.ref(block, lambda _, k=key, s=size: self._forget(k, s))
+        self._kv_lru[key] = weakref.ref(block, lambda _, k=key, st=store: self._forget(k, st))
 
-    def _forget(self, key: int, size: int):
+    def _release(self, store: "_Store"):
+        store.live -= 1
+        if store.live == 0:
+            self._kv_bytes -= store.nbytes
+
+    def _forget(self, key: int, store: "_Store"):
         if self._kv_lru.pop(key, None) is not None:
-            self._kv_bytes -= size
+            self._release(store)
 
     def _touch(self, block: KVBlock):
         if id(block) in self._kv_lru:
@@ -130,8 +190,12 @@ class TransformersModel(LanguageModel):
             key, ref = self._kv_lru.popitem(last=False)
             block = ref()
             if block is not None and block.kv is not None:
-                self._kv_bytes -= block.kv.numel() * block.kv.element_size()
                 block.kv = None
+                self._release(block.store)
+
+    def set_cache_budget(self, nbytes: int) -> None:
+        self.kv_budget = nbytes
+        self._evict()
 
     @property
     def kv_bytes(self) -> int:
@@ -161,6 +225,20 @@ class TransformersModel(LanguageModel):
         return self._forward(seqs)
 
     def _forward(self, seqs) -> List[ModelState]:
+        # a batch whose logits would take more than LOGITS_BYTES runs in several forward passes
+        per_seq = [len(n) * len(self.vocabulary) * 4 for _, _, n, _ in seqs]
+        out, group, size = [], [], 0
+        for seq, b in zip(seqs, per_seq):
+            if group and size + b > LOGITS_BYTES:
+                out += self._forward_batch(group)
+                group, size = [], 0
+            group.append(seq)
+            size += b
+        out += self._forward_batch(group)
+        self._evict()
+        return out
+
+    def _forward_batch(self, seqs) -> List[ModelState]:
         dev = self.device
         past_len = [len(p) if c is not None else 0 for p, c, _, _ in seqs]
         new_len = [len(n) for _, _, n, _ in seqs]
@@ -175,26 +253,32 @@ class TransformersModel(LanguageModel):
         cache = self._batch_cache([c for _, c, _, _ in seqs], past_len, P) if P else None
         t0 = time.perf_counter()
         out = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
-                         past_key_values=cache, use_cache=True)
+                         use_cache=True, **{self._cache_arg: cache})
         logits = out.logits.float()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         self.stats.seconds += time.perf_counter() - t0
         self.stats.calls += 1
         self.stats.tokens += sum(new_len)
+        # float32, as transformers scores (its rounding moves a log-probability by up to 3e-5)
         logprobs = torch.log_softmax(logits, dim=-1)
-        layers = _cache_tensors(out.past_key_values)
+        del logits
         # log-probability of each new token given the ones before it
         nxt = torch.zeros((B, N), dtype=torch.long, device=dev)
         nxt[:, :-1] = ids[:, 1:].to(dev)
         within = torch.gather(logprobs, 2, nxt.unsqueeze(-1)).squeeze(-1).double().cpu().numpy()
-        states = []
-        # the new tokens' keys and values of the whole batch in one tensor; blocks are views
+        last = torch.tensor(new_len, device=dev) - 1
+        nexts = logprobs[torch.arange(B, device=dev), last]  # [B, vocab]: the batch's logprobs can go
+        layers = _cache_tensors(out[self._cache_arg])
+        # the new tokens' keys and values of the whole batch in one tensor; blocks are views of it,
+        # and its bytes count until the last of them is dropped
         fresh = torch.stack([t for k, v in layers for t in (k[:, :, P:], v[:, :, P:])], 1)
+        store = _Store(fresh.numel() * fresh.element_size())
+        states = []
         for b, (prev, chain, new, known) in enumerate(seqs):
-            kv = fresh[b, :, :, :len(new)]
             parent = chain[-1] if chain else None
-            block = KVBlock(parent, kv, len(new), (parent.length if parent else 0) + len(new))
+            block = KVBlock(parent, fresh[b, :, :, :len(new)], len(new), (parent.length if parent else 0) + len(new),
+                            store)
             self._register(block)
             # `known` tokens of `new` were read before the caller's (the start token, or a whole
             # evicted sequence); the first caller token's probability needs the position before it
@@ -202,8 +286,7 @@ class TransformersModel(LanguageModel):
                 tok_lp = within[b, known - 1:len(new) - 1]
             else:
                 tok_lp = np.concatenate([[np.nan], within[b, :len(new) - 1]])
-            states.append(ModelState(tuple(prev) + tuple(new), logprobs[b, len(new) - 1], tok_lp, block))
-        self._evict()
+            states.append(ModelState(tuple(prev) + tuple(new), nexts[b], tok_lp, block))
         return states
 
     def _batch_cache(self, chains, past_len, P):
@@ -233,6 +316,19 @@ class TransformersModel(LanguageModel):
         return lp[torch.arange(len(token_ids)), ids[0, 1:]].double().cpu().numpy()
 
 
+def missing_model_files(path: str) -> List[str]:
+    """What a transformers model folder lacks: its config, weights or tokenizer files."""
+    names = set(os.listdir(path))
+    missing = []
+    if "config.json" not in names:
+        missing.append("config.json")
+    if not any(n.endswith((".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")) for n in names):
+        missing.append("weights (model.safetensors or pytorch_model.bin)")
+    if not names & {"tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "tokenizer_config.json"}:
+        missing.append("tokenizer (tokenizer.json or tokenizer.model)")
+    return missing
+
+
 def _hub_reachable(timeout: float = 2.0) -> bool:
     """Whether the Hugging Face hub answers at all (so a missing model fails fast offline)."""
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
@@ -245,6 +341,12 @@ def _hub_reachable(timeout: float = 2.0) -> bool:
         return True
     except OSError:
         return False
+
+
+def cache_argument(model) -> str:
+    """The name under which this transformers version passes and returns a model's key/value
+    cache: ``cache`` (newer 5.x releases, which warn about the old name) or ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _cache_tensors(cache):

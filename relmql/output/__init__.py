@@ -3,6 +3,6 @@
 Entry point: ``write(columns, rows, fmt, out)``.
 """
 
-from .format import FORMATS, format_value, render_table, write
+from .format import FORMATS, Sink, format_value, render_table, started, write
 
-__all__ = ["write", "render_table", "format_value", "FORMATS"]
+__all__ = ["write", "started", "Sink", "render_table", "format_value", "FORMATS"]

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import shutil
-from typing import IO, Iterable, List, Optional, Sequence
+from typing import IO, Iterable, Iterator, List, Optional, Sequence
+
+from ..errors import Error
 
 FORMATS = ("table", "csv", "json", "jsonl")
 _NUMERIC_WIDTH = 12
@@ -145,14 +148,58 @@ def _jsonable(v):
     return v
 
 
+class Sink:
+    """A stream results are written to, named: a write that fails (a full disk) is an ``Error``
+    that names it; a reader that went away (``| head``) is still a ``BrokenPipeError``."""
+
+    def __init__(self, stream: IO[str], name: str):
+        self.stream, self.name, self.failed = stream, name, False
+
+    def _call(self, method, *args):
+        try:
+            return method(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            self.failed = True
+            raise Error(f"cannot write {self.name}: {e.strerror or e}") from None
+
+    def write(self, text: str) -> int:
+        return self._call(self.stream.write, text)
+
+    def flush(self) -> None:
+        self._call(self.stream.flush)
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def close(self) -> None:
+        """Close the stream, quietly: ``flush()`` first to hear of a failure."""
+        try:
+            self.stream.close()
+        except OSError:
+            pass
+
+
+def started(rows: Iterable[tuple]) -> Iterator[tuple]:
+    """``rows`` with the first one read now: an error (or Ctrl-C) before it is raised before
+    anything, a header or a separator, is written."""
+    rows = iter(rows)
+    for first in rows:
+        return itertools.chain((first,), rows)
+    return iter(())
+
+
 def write(columns: Sequence[str], rows: Iterable[tuple], fmt: str, out: IO[str], stream: bool = False,
-          kinds: Optional[Sequence[str]] = None) -> int:
+          kinds: Optional[Sequence[str]] = None, width: Optional[int] = None) -> int:
     """Write ``rows`` in format ``fmt``, each row as soon as it arrives (tables: when ``stream``,
-    otherwise sized to fit once all rows are in); returns the number of rows."""
+    ``width`` columns wide, otherwise sized to fit once all rows are in); returns the number of
+    rows. Nothing is written when reading the first row fails."""
     n = 0
+    rows = started(rows)
     if fmt == "table":
         if stream:
-            table = StreamingTable(columns, out, kinds=kinds)
+            table = StreamingTable(columns, out, width=width, kinds=kinds)
             try:
                 for r in rows:
                     table.row(r)

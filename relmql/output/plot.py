@@ -44,11 +44,14 @@ def plot(columns: Sequence[str], rows: Sequence[tuple], path: str, kind: Optiona
 
 
 def check_path(path: str) -> str:
-    """The image format of ``path`` from its extension (png, svg or pdf); an ``Error`` for any other."""
+    """The image format of ``path`` from its extension (png, svg or pdf); an ``Error`` for any other,
+    or for a folder that does not exist."""
     ext = Path(path).suffix.lower()
     if ext not in EXTENSIONS:
         raise Error(f"cannot plot to {path}: the file name must end in {', '.join(EXTENSIONS)}",
                     hint=f"e.g. {Path(path).stem or 'plot'}.png")
+    if not Path(path).parent.is_dir():  # before a query runs, not after
+        raise Error(f"cannot write {path}: no folder {Path(path).parent}", hint="the folder must exist")
     return ext[1:]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from ..automata.fsa import format_count
+from ..memory import format_size, shares
 from ..execute import Measure, Sample
 from ..syntax import quote, unparse
 from .planner import DatasetPlan, QueryPlan
@@ -32,6 +33,8 @@ def explain(plan: QueryPlan, automaton=None, model=None, dataset: Optional[Datas
         desc = f"{m.name} on {model.device}" + (f" ({str(dtype).replace('torch.', '')})" if dtype else "")
         desc += f", {len(model.vocabulary):,} tokens"
     add("model", desc)
+    if model is not None:
+        add("numbers", getattr(model, "approximate", None) or "exact: float32, as direct scoring with transformers")
     t = plan.traversal
     if isinstance(t, Measure):
         exact = (f"summed exactly over every token sequence when there are at most {t.exact_limit:,}; otherwise "
@@ -44,6 +47,12 @@ def explain(plan: QueryPlan, automaton=None, model=None, dataset: Optional[Datas
             n = token_sequences(automaton, t)
             add("measure", f"exact: {n:,} token sequences" if n is not None else
                 f"estimate: more than {t.exact_limit:,} token sequences" if t.exact_limit else "estimate")
+        if plan.prefix:
+            n = automaton.count_paths(automaton.start, t.max_prefix_tokens, prefix_only=True) \
+                if automaton is not None else None
+            add("prefixes", (f"{n:,} token path{'s' if n != 1 else ''}; " if n is not None else "")
+                + "probability() is the mean over them (per value of the GROUP BY keys that the prefix fixes), "
+                  "not their sum")
     elif isinstance(t, Sample):
         mode = ("local: each step renormalized over the tokens the language allows; rows carry importance weights"
                 if t.mode == "local" else "exact: rejection, the model's distribution conditioned on the language")
@@ -55,6 +64,11 @@ def explain(plan: QueryPlan, automaton=None, model=None, dataset: Optional[Datas
         stop = f", stops after {t.limit:,} row{'s' if t.limit != 1 else ''}" if t.limit is not None else ", runs until the language is exhausted"
         add("traversal", f"shortest path: most probable first by {t.order}{stop}; batches of {t.batch_size} nodes, "
                          f"at most {t.max_tokens} completion tokens")
+        bounds = [f"max_nodes {t.max_nodes:,}"] if t.max_nodes is not None else []
+        bounds += [f"{t.max_nodes_per_row:,} nodes without a row (max_nodes_per_row)"] if t.max_nodes_per_row else []
+        bounds += [f"its share of max_memory ({format_size(shares(t.max_memory).traversal)} of "
+                   f"{format_size(t.max_memory)})"]
+        add("bounds", "the search stops, keeping the rows found, at " + ", ".join(bounds))
     d = plan.decoding
     rules = [f"topk {d.topk}"] if d.topk is not None else []
     rules += [f"topp {d.topp:g}"] if d.topp is not None else []

@@ -126,9 +126,10 @@ FUNCTIONS: Dict[str, Function] = {f.name: f for f in (
 AGGREGATES = {"count": "the number of rows (or of non-NULL values)", "sum": "the sum of the values",
               "avg": "the mean of the values (true counts as 1)", "min": "the least value",
               "max": "the greatest value",
-              "probability": "the probability the model gives to the group's strings: exact (summed over "
-                             "the language) or, for languages too large to enumerate, estimated by sampling "
-                             "with an interval"}
+              "probability": "the probability the model gives to the group's strings after the prefix (the "
+                             "mean over the prefix's token paths that fix the same GROUP BY keys): exact (summed "
+                             "over the language) or, for languages too large to enumerate, estimated by "
+                             "sampling with an interval"}
 NULLARY_AGGREGATES = ("probability",)
 ROW_FUNCTIONS = {"group": "a capture group of MATCHING in the row's text: group(1), group('name')",
                  "coalesce": "the first argument that is not NULL"}
@@ -141,7 +142,7 @@ def is_aggregate(node) -> bool:
 
 class Env:
     """What an expression can see: columns, parameters, capture groups; ``rows`` under GROUP BY
-    (and ``masses``: measurements of probability() that no row stands for)."""
+    (and ``probability()``, the group's measured probability)."""
 
     def column(self, node: A.Column):
         raise PlanError(f"{node.name} is not known here", node.span)
@@ -152,12 +153,11 @@ class Env:
     def group(self, key, node: A.Node):
         raise PlanError("group() needs a result row", node.span)
 
-    def measured(self):
-        """(mass, prob, weight) of this row for probability()."""
+    def probability(self):
+        """probability() of this group (``relmql.engine`` works it out from the measurements)."""
         raise PlanError("probability() needs the rows of a query")
 
     rows: Optional[List["Env"]] = None
-    masses: tuple = ()
 
 
 def _type_ok(kind: str, value) -> bool:
@@ -273,7 +273,7 @@ def _call(node: A.Call, env: Env):
         if env.rows is None:
             raise PlanError(f"{name}() is an aggregate: it is allowed in SELECT only", node.span)
         if name == "probability":
-            return stats.probability([r.measured() for r in env.rows], env.masses)
+            return env.probability()
         return _aggregate(node, env.rows)
     if name == "group":
         key = evaluate(node.args[0], env)

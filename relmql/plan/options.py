@@ -10,6 +10,8 @@ from ..automata.fsa import EDIT_SCOPES
 from ..automata.language import DEFAULT_MAX_STATES
 from ..automata.tokens import TOKENIZATIONS
 from ..errors import Error, closest
+from ..execute.options import MAX_NODES_PER_ROW, MAX_PREFIX_TOKENS
+from ..memory import DEFAULT_MAX_MEMORY, format_size, parse_size
 
 
 class PlanError(Error):
@@ -20,7 +22,7 @@ class PlanError(Error):
 
 @dataclass(frozen=True)
 class OptionSpec:
-    """One option. ``kind``: int, float, bool, choice or text; ``where``: the part of the plan it
+    """One option. ``kind``: int, float, bool, choice, text or size (bytes); ``where``: the part of the plan it
     sets (decoding, compile, traversal, model), or session (how the session runs queries)."""
 
     name: str
@@ -61,6 +63,14 @@ class OptionSpec:
         if self.kind == "text":
             if not isinstance(value, str):
                 raise bad(f"is a string, not {value!r}")
+            return value
+        if self.kind == "size":
+            try:
+                value = parse_size(value)
+            except ValueError:
+                raise bad(f"is a size such as '2GB', '512MB' or a number of bytes, not {value!r}") from None
+            if self.low is not None and value < self.low:
+                raise bad(f"must be at least {format_size(int(self.low))}, not {format_size(value)}")
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             if isinstance(value, str):
@@ -107,7 +117,14 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
     OptionSpec("max_nodes", "int", None, "traversal",
                "ranking queries: stop searching after this many search nodes (rows found are still exact, "
                "in order; later ones may be missing)", low=1),
-    OptionSpec("max_prefix_tokens", "int", 1024, "traversal", "the longest prefix, in tokens", low=1),
+    OptionSpec("max_nodes_per_row", "int", MAX_NODES_PER_ROW, "traversal",
+               "ranking queries: stop when this many search nodes have been expanded without finding the "
+               "next row (rows found are still exact, in order)", low=1),
+    OptionSpec("max_memory", "size", DEFAULT_MAX_MEMORY, "traversal",
+               "what a query may hold beyond the model's weights: cached keys and values, automaton "
+               "transitions, the search's queue or the sampler's states (e.g. '2GB'); a search that needs "
+               "more stops, keeping the rows it found", low=64 * 2 ** 20),
+    OptionSpec("max_prefix_tokens", "int", MAX_PREFIX_TOKENS, "traversal", "the longest prefix, in tokens", low=1),
     OptionSpec("batch_size", "int", None, "traversal",
                "nodes (shortest path) or samples (SAMPLE) per model call; default 32 and 64", low=1),
     OptionSpec("sampling", "choice", "local", "traversal",
@@ -125,8 +142,10 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
                "TEST INDEPENDENCE over probabilities: how many draws per value of the first variable they "
                "stand for (the ReLM paper drew 5000 per gender)", low=1),
     OptionSpec("device", "text", "cpu", "model", "where the model runs: cpu, cuda, cuda:N or auto"),
-    OptionSpec("dtype", "choice", "auto", "model", "model weights: auto, float32, bfloat16 or float16",
-               ("auto", "float32", "bfloat16", "float16"), session_only=True),
+    OptionSpec("dtype", "choice", "float32", "model",
+               "model weights: float32 (exact), or bfloat16, float16 or auto (the fastest the hardware runs "
+               "natively): faster, with approximate probabilities", ("float32", "bfloat16", "float16", "auto"),
+               session_only=True),
     OptionSpec("model", "text", "smollm2-135m", "model",
                "the default model: a built-in name, a local directory or a hub id", session_only=True),
     OptionSpec("threads", "int", None, "session",

@@ -28,7 +28,7 @@ class ModelRef:
 
     name: str
     device: str = "cpu"
-    dtype: str = "auto"
+    dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -233,7 +233,7 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
                             else opts["estimate_samples"],
                             seed=opts["seed"], mode=opts["sampling"], max_tokens=opts["max_tokens"],
                             batch_size=opts["batch_size"], max_prefix_tokens=opts["max_prefix_tokens"],
-                            confidence=opts["confidence"])
+                            confidence=opts["confidence"], max_memory=opts["max_memory"])
         if traversal.samples < 1:
             raise PlanError("an estimate needs at least one sample", query.sample.span, source)
     elif query.sample is not None:
@@ -241,7 +241,8 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
         if push is not None:
             n = min(n, push)
         traversal = Sample(n, seed=opts["seed"], mode=opts["sampling"], max_tokens=opts["max_tokens"],
-                           batch_size=opts["batch_size"] or 64, max_prefix_tokens=opts["max_prefix_tokens"])
+                           batch_size=opts["batch_size"] or 64, max_prefix_tokens=opts["max_prefix_tokens"],
+                           max_memory=opts["max_memory"])
     else:
         order = "prob"
         if query.order:
@@ -258,7 +259,8 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
             order = ORDER_COLUMNS[key.column]
         traversal = ShortestPath(order=order, limit=push, max_tokens=opts["max_tokens"],
                                  batch_size=opts["batch_size"] or 32, max_prefix_tokens=opts["max_prefix_tokens"],
-                                 max_nodes=opts["max_nodes"])
+                                 max_nodes=opts["max_nodes"], max_nodes_per_row=opts["max_nodes_per_row"],
+                                 max_memory=opts["max_memory"])
         if not query.select and order == "total_prob":
             outputs = tuple(Output(c, A.Column(c)) for c in ("rank", "text", "total_prob"))
     compile_options = CompileOptions(tokenization=opts["tokenization"], prefix_tokenization=opts["prefix_tokenization"],

@@ -83,10 +83,11 @@ class Shell:
 
     def set_output(self, path: Optional[str]) -> None:
         """Results to the file at ``path`` (None: back to the screen)."""
+        from ..output import Sink
         new = self.console
         if path is not None:
             try:
-                new = open(path, "w", encoding="utf-8", newline="")
+                new = Sink(open(path, "w", encoding="utf-8", newline=""), path)
             except OSError as e:
                 raise Error(f"cannot write {path}: {e.strerror or e}") from None
         self.close()
@@ -131,7 +132,10 @@ class Shell:
             raise Error(f".read nested more than {_MAX_READ_DEPTH} deep (does {name} read itself?)")
         self._depth += 1
         try:
-            for kind, body, line in _chunks(text):
+            chunks = list(_chunks(text))
+            if not chunks:
+                self.warn(f"note: {name} has no statements")
+            for kind, body, line in chunks:
                 if self.done:
                     return True
                 if kind == "command":
@@ -229,28 +233,21 @@ class Shell:
         return ticket.stopped, (box[0] if box else None)
 
     def _show(self, result) -> None:
-        from ..output import write
-        from ..output.format import StreamingTable
+        from ..output import started, write
         if result.kind == "status":
             self.say(result.message or "")
             return
+        if self.explain and result.kind == "rows":
+            self.say(result.explain() + "\n")
+        rows = started(result)  # an error before the first row shows alone, without an empty table
         if result.kind == "text" and self.mode == "table":
-            for (line,) in result:
+            for (line,) in rows:
                 self.out.write(line + "\n")
             self.out.flush()
             return
-        if self.explain and result.kind == "rows":
-            self.say(result.explain() + "\n")
-        if self.mode == "table":  # rows as they come, sized to the screen
-            table = StreamingTable(result.columns, self.out, width=self.width() if self.width else None,
-                                   kinds=result.kinds)
-            try:
-                for row in result:
-                    table.row(row)
-            finally:
-                table.close()
-        else:
-            write(result.columns, iter(result), self.mode, self.out, kinds=result.kinds)
+        # tables: rows as they come, sized to the screen
+        write(result.columns, rows, self.mode, self.out, stream=True, kinds=result.kinds,
+              width=self.width() if self.width else None)
         self.out.flush()
         if getattr(result, "test_plan", None) is not None:  # TEST ...: its outcome under the table
             if self.mode == "table":
@@ -262,7 +259,8 @@ class Shell:
 
 def _chunks(text: str) -> Iterator[Tuple[str, str, int]]:
     """A script split into ("sql", text, first line) and ("command", line, line) parts: a line
-    that starts with '.' where no statement is open is a meta-command."""
+    that starts with '.' where no statement is open is a meta-command. SQL of nothing but
+    whitespace and comments is left out."""
     from .completer import scan
     sql: List[str] = []
     start = 1
@@ -271,7 +269,7 @@ def _chunks(text: str) -> Iterator[Tuple[str, str, int]]:
         tokens, state = scan(pending)
         is_open = state is not None or (tokens and tokens[-1] != ";")
         if line.lstrip().startswith(".") and not is_open and not line.lstrip()[1:2].isdigit():
-            if pending.strip():
+            if tokens or state is not None:
                 yield "sql", pending, start
             sql = []
             yield "command", line.strip(), no
@@ -280,5 +278,6 @@ def _chunks(text: str) -> Iterator[Tuple[str, str, int]]:
         if not sql:
             start = no
         sql.append(line)
-    if "".join(sql).strip():
+    tokens, state = scan("".join(sql))
+    if tokens or state is not None:
         yield "sql", "".join(sql), start

@@ -1,0 +1,77 @@
+"""A query's memory budget: sizes as users write them, and how the budget is shared.
+
+One number, ``max_memory`` (2 GiB by default), bounds what a query holds beyond the model's
+weights. It is shared between the model's cached keys and values (half: the least recently
+used are dropped and read again when needed), the automaton's cached transitions (a quarter:
+dropped and computed again), and the traversal's own structures, a search's queue and stored
+children or a sampler's cached states (a quarter: a search that needs more stops, keeping the
+rows it found).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import sys
+from dataclasses import dataclass
+from typing import Union
+
+DEFAULT_MAX_MEMORY = 2 * 2 ** 30
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000 ** 2, "mb": 1000 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3,
+          "t": 1000 ** 4, "tb": 1000 ** 4, "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
+
+
+def parse_size(value: Union[int, float, str]) -> int:
+    """Bytes from a number of bytes or a string such as '2GB', '512 MiB' or '1.5g'; ValueError
+    when it is neither."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a size: {value!r}")
+    if isinstance(value, (int, float)):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"not a size: {value!r}")
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if m is None or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {value!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def format_size(n: int) -> str:
+    """``n`` bytes in binary units: '2 GiB', '512 MiB', '1.5 KiB', '100 bytes'."""
+    for unit, size in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} bytes"
+
+
+@dataclass(frozen=True)
+class Shares:
+    """How ``max_memory`` bytes are shared (see the module's docstring)."""
+
+    kv: int
+    automaton: int
+    traversal: int
+
+
+def shares(max_memory: int) -> Shares:
+    return Shares(kv=max_memory // 2, automaton=max_memory // 4, traversal=max_memory // 4)
+
+
+_M_MMAP_THRESHOLD = -3
+
+
+def return_large_blocks(threshold: int = 2 ** 20) -> None:
+    """Ask glibc to serve every allocation of ``threshold`` bytes or more with its own mapping,
+    returned to the system when freed. By default glibc raises that threshold to the size of the
+    largest block freed so far (up to 32 MiB), after which a search's many short-lived logits
+    tensors come from the heap between long-lived small objects, and its resident memory grows
+    to several times what it holds (measured: 2.6 GB instead of 0.84 GB after 5,000 nodes of a
+    search on tiny-gpt2). Does nothing on other C libraries."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, threshold)
+    except (OSError, AttributeError):  # not glibc
+        pass

@@ -1,0 +1,145 @@
+"""Every query is bounded: a search ends at max_nodes_per_row or max_memory with the rows it found
+exact and in order, a warning that names the bound, and the bound on ``Result.stops``. The
+memory cases run the real command in a subprocess under a resource limit and compare its peak
+resident memory with a plain query's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import relmql
+from relmql.automata import compile
+from relmql.execute import SearchStats, ShortestPath, Stop, execute
+from relmql.memory import DEFAULT_MAX_MEMORY
+
+from conftest import fresh
+
+URLS = r"SELECT rank, text, prob MATCHING 'https://www\.([a-zA-Z0-9]|_|-|#|%)+\.([a-zA-Z0-9]|_|-|#|%|/)+' " \
+       r"PREFIX 'https://www\.' USING topk 40"
+
+# runs relmql.cli under a limit on its address space, and reports its peak memory on stderr
+LIMITED = """
+import resource, sys
+limit = int(sys.argv[1])
+if limit:
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+from relmql.cli import main
+try:
+    code = main(sys.argv[2:])
+finally:
+    status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+    print("peak-rss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+          int(status["VmPeak"].split()[0]) * 1024, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def run_limited(statement: str, limit: int = 0, model: str = "tiny-gpt2", timeout: float = 300):
+    """(exit status, rows, stderr without the peak line, peak RSS, peak virtual size) of
+    ``relmql -c statement``."""
+    out = subprocess.run([sys.executable, "-c", LIMITED, str(limit), "--model", model, "--no-progress",
+                          "--format", "jsonl", "-c", statement], capture_output=True, text=True, timeout=timeout)
+    lines = out.stderr.splitlines()
+    peak = [line for line in lines if line.startswith("peak-rss ")]
+    assert peak, out.stderr
+    _, rss, vm = peak[-1].split()
+    err = "\n".join(line for line in lines if not line.startswith("peak-rss "))
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    return out.returncode, rows, err, int(rss), int(vm)
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    """Peak RSS and virtual size of a small query on tiny-gpt2: the model, torch and relmql."""
+    code, rows, err, rss, vm = run_limited("SELECT text MATCHING 'The (cat|dog)' PREFIX 'The';")
+    assert code == 0 and len(rows) == 2, err
+    return rss, vm
+
+
+def test_a_flat_model_and_a_large_language_stop_within_the_memory_budget(baseline):
+    # the issue's case: a URL top-300 search on tiny-gpt2, whose distribution is nearly flat, held
+    # 13.5 GB after 10 minutes; it now stops at the default max_nodes_per_row
+    rss0, vm0 = baseline
+    code, rows, err, rss, vm = run_limited(URLS + " LIMIT 300;", limit=vm0 + DEFAULT_MAX_MEMORY + 2 ** 30)
+    assert code == 0, err
+    assert "Traceback" not in err and err.count("warning:") == 1, err
+    assert "without finding another row (max_nodes_per_row)" in err and "raise max_nodes_per_row" in err
+    assert len(rows) < 300 and [r["rank"] for r in rows] == list(range(1, len(rows) + 1))
+    assert rss - rss0 < DEFAULT_MAX_MEMORY, (rss, rss0)
+
+
+def test_an_unescaped_pattern_without_a_prefix_ends_with_a_message(baseline):
+    # '(' and '.' are regex syntax here; from the start of text the model never reaches the
+    # language's strings: the search gives up at max_nodes_per_row instead of running on
+    rss0, vm0 = baseline
+    code, rows, err, rss, vm = run_limited("""SELECT text MATCHING '__import__("os").system("echo PWNED")' LIMIT 1;""",
+                                           limit=vm0 + DEFAULT_MAX_MEMORY + 2 ** 30)
+    assert code == 0 and "Traceback" not in err, err
+    assert rows == [] and "stopped after expanding 10,000 nodes without finding another row (max_nodes_per_row) with 0 rows; more may exist" in err, err
+    assert rss - rss0 < DEFAULT_MAX_MEMORY, (rss, rss0)
+
+
+def test_max_memory_stops_the_search_and_keeps_its_rows_exact(baseline):
+    rss0, vm0 = baseline
+    budget = 64 * 2 ** 20
+    code, rows, err, rss, vm = run_limited(URLS + f" , max_memory '64MiB', max_nodes_per_row 10000000 LIMIT 300;",
+                                           limit=vm0 + DEFAULT_MAX_MEMORY)
+    assert code == 0 and "Traceback" not in err, err
+    assert "when its queue and stored children reached their share of 64 MiB (max_memory)" in err, err
+    # the resident memory grew by the budget and the transient tensors of a model call, not more
+    assert rss - rss0 < budget + 256 * 2 ** 20, (rss, rss0)
+
+
+FINITE = ("SELECT text, prob MATCHING 'The (cat|dog|bird|fish|cow|pig|owl|ant) (sat|ran|ate|hid|sang) "
+          "(here|there|today)' PREFIX 'The'")
+
+
+def test_a_stopped_search_is_on_the_result(con):
+    full = fresh(con).sql(FINITE)
+    assert len(full.fetchall()) == 120 and full.stops == [] and full.stopped is None
+    # on tiny-gpt2 the first row needs about 50 nodes, the others follow
+    r = fresh(con).sql(FINITE + " USING max_nodes_per_row 40, batch_size 4")
+    assert r.fetchall() == []
+    assert r.stopped == Stop("max_nodes_per_row", 40, 0) and r.stops == [r.stopped]
+    r = fresh(con).sql(FINITE + " USING max_nodes_per_row 100, batch_size 4")
+    assert len(r.fetchall()) == 120 and r.stopped is None
+
+
+@pytest.mark.parametrize("order", ["prob", "total_prob"])
+def test_rows_before_a_memory_stop_are_the_first_rows(model, order):
+    # every string of [a-h]+ is a row: rows come steadily while the queue grows
+    ta = compile("[a-h]+", model.vocabulary)
+    peak = SearchStats()
+    full = list(execute(ta, model, ShortestPath(order=order, limit=300), stats=peak))
+    stats = SearchStats()
+    # a budget whose traversal share (a quarter) holds half of what the search needs
+    got = list(execute(ta, model, ShortestPath(order=order, limit=300, max_memory=2 * peak.held), stats=stats))
+    assert stats.stop is not None and stats.stop.bound == "max_memory" and stats.stop.rows == len(got)
+    assert 0 < len(got) < len(full) and peak.held // 2 < stats.held < peak.held
+    assert [r.tokens for r in got] == [r.tokens for r in full[:len(got)]]
+
+
+def test_a_dataset_query_lists_the_stop_of_each_data_row(con, tmp_path):
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"p": p}) + "\n" for p in ("https://www\\.", "http://")), encoding="utf-8")
+    q = ("SELECT text MATCHING :p || '([a-zA-Z0-9]|_|-)+\\.(com|org)' PREFIX :p "
+         f"USING topk 40, max_nodes_per_row 30 LIMIT 5 FOR EACH ROW IN '{data}'")
+    r = fresh(con).sql(q)
+    r.fetchall()
+    assert len(r.stops) == 2 and {s.bound for s in r.stops} == {"max_nodes_per_row"}
+
+
+def test_the_bounds_are_options_and_in_explain(con):
+    s = fresh(con)
+    s.sql("SET max_memory = '1.5GB'")
+    assert s.settings["max_memory"] == 1_500_000_000
+    plan = "\n".join(line for (line,) in s.sql("EXPLAIN " + URLS))
+    assert "10,000 nodes without a row (max_nodes_per_row)" in plan and "of 1.4 GiB" in plan
+    with pytest.raises(relmql.Error, match="max_memory is a size such as '2GB'"):
+        s.sql("SET max_memory = 'lots'")
+    with pytest.raises(relmql.Error, match="max_memory must be at least 64 MiB"):
+        s.sql(URLS + ", max_memory 1000")
