@@ -86,9 +86,9 @@ MONTHS = "(January|February|March|April|May|June|July|August|September|October|N
 
 def test_the_default_rows_are_the_same_at_any_batch_size_and_thread_count(smol):
     """The README's date query and a top-k 5 query (70 of its 1,320 dates survive top-k) on SmolLM2
-    in the default float32: the same
-    rows in the same order at batch sizes 1, 7 and 32 and with 1 or 2 threads, and probabilities
-    within float32's rounding of each other (in bfloat16 padding alone moved one by 20%)."""
+    in the default float32: the same rows in the same order at batch sizes 1, 7 and 32 and with 1
+    or 2 threads, and probabilities within float32's rounding of each other (in bfloat16 padding
+    alone moved one by 20%)."""
     queries = [("George Washington was born on " + MONTHS + " [0-9]{1,2}, [0-9]{4}", "George Washington was born on",
                 Decoding(topk=40), 10),
                ("George Washington was born on " + MONTHS + " [0-9]{1,2}", "George Washington was born on",

@@ -162,7 +162,7 @@ def test_a_query_cancelled_before_its_first_row_shows_no_table(con, monkeypatch)
     def script(send, screen):
         assert started.wait(20)
         _thread.interrupt_main()
-        assert screen.wait_for(lambda s: "cancelled" in s, timeout=8), screen.text[-2000:]
+        assert screen.wait_for(lambda s: "cancelled" in s, timeout=30), screen.text[-2000:]
 
     _, screen = drive(con, "SELECT text MATCHING 'a(b|c)';\r", script)
     after = screen.split("relmql> SELECT text MATCHING 'a(b|c)';\n", 1)[1]
@@ -285,7 +285,7 @@ def test_ctrl_c_cancels_the_running_query_and_keeps_the_shell(con):
         # in the main thread, which waits on the query)
         assert screen.wait_for(lambda s: "│     3 │" in s), screen.text[-2000:]
         _thread.interrupt_main()
-        assert screen.wait_for(lambda s: "cancelled" in s, timeout=8), screen.text[-2000:]
+        assert screen.wait_for(lambda s: "cancelled" in s, timeout=30), screen.text[-2000:]
         send("SELECT text MATCHING 'a(b|c)';\r")
         assert screen.wait_for(lambda s: "(2 rows)" in s, timeout=8)
 

@@ -55,7 +55,7 @@ def load_smollm2(device: Optional[str] = None, dtype: Optional[str] = None) -> T
     target = cache_dir() / "models" / key
     _quiet_transformers()
     if not (target / "config.json").exists():
-        print(f"note: converting the embedded model into {target} (once, about 15 s)", file=sys.stderr)
+        print(f"note: converting the embedded model into {target} (once, about half a minute)", file=sys.stderr)
         with contextlib.redirect_stderr(io.StringIO()):  # transformers' own progress bar
             model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
             tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
