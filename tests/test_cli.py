@@ -442,7 +442,8 @@ def test_an_empty_script_among_others(capsys, tmp_path):
 
 @pytest.mark.parametrize("flag", ["--version", "--help"])
 def test_version_and_help_do_not_import_torch(flag):
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "relmql.cli", flag],
+    # as `python -m relmql` (relmql/__main__.py) runs the same main() as the `relmql` script
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "relmql", flag],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0
     assert out.stdout.startswith(f"relmql {relmql.__version__}" if flag == "--version" else "usage: relmql")
