@@ -4,7 +4,7 @@ Every measurement runs in a fresh worker process so that peak memory is its own:
 loads the vocabulary (not timed, for both tools), resets the kernel's peak-RSS counter, builds
 the automaton, and reports wall time and the peak resident memory added by the build.
 
-    python benchmarks/compile_bench.py            # prints a markdown table
+    python -m benchmarks.compile_bench            # prints a markdown table
 """
 
 from __future__ import annotations

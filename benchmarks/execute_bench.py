@@ -9,7 +9,7 @@
 3. Sampling: samples per second for the bias query, relmql against ``generate`` with a logits
    processor that restricts it to the same language, at the same batch size.
 
-    python benchmarks/execute_bench.py [--seconds 30]
+    python -m benchmarks.execute_bench [--seconds 30]
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ In float32: in bfloat16, scoring the same sequences padded in a batch or one by 
 up to 20% (the date's probability moves from 0.0039 to 0.0051), which would hide the check that
 relmql's sum is the same number.
 
-    python benchmarks/measure_bench.py [--json out.json]
+    python -m benchmarks.measure_bench [--json out.json]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from execute_bench import BIAS, BIAS_PREFIX, GW, GW_PREFIX
+from .execute_bench import BIAS, BIAS_PREFIX, GW, GW_PREFIX
 
 CASES = {
     "bias template, canonical (20 strings)": (BIAS, BIAS_PREFIX, "canonical"),
@@ -66,7 +66,7 @@ def score(model, seqs, batch: int) -> float:
 def session(model):
     import relmql
     con = relmql.connect(dtype="float32")
-    con._models[("smollm2-135m", "cpu", "float32")] = model
+    con.models.put("smollm2-135m", "cpu", "float32", model)
     return con
 
 

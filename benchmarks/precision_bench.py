@@ -12,7 +12,7 @@
    probabilities move?
 4. Speed: the README's main job (both statements, the model loaded) in each dtype, in one run.
 
-    python benchmarks/precision_bench.py [--json out.json]
+    python -m benchmarks.precision_bench [--json out.json]
 """
 
 from __future__ import annotations
@@ -22,11 +22,14 @@ import copy
 import json
 import math
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, List
 
 import numpy as np
 import torch
+
+from .setting import setting
 
 DTYPES = ("float32", "bfloat16", "float16")
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
@@ -157,7 +160,7 @@ def main_job_seconds(models, repeats: int = 2) -> Dict[str, float]:
     out = {}
     for name, model in models.items():
         con = relmql.connect(model="smollm2-135m", dtype=name)
-        con._models[("smollm2-135m", "cpu", name)] = model
+        con.models.put("smollm2-135m", "cpu", name, model)
         best = math.inf
         for _ in range(repeats):
             t0 = time.perf_counter()
@@ -171,11 +174,9 @@ def main_job_seconds(models, repeats: int = 2) -> Dict[str, float]:
 def run() -> dict:
     from relmql.models import load_model
     models = {name: load_model("smollm2-135m", dtype=name) for name in DTYPES}
-    from run import machine, versions  # benchmarks/run.py: this section may be measured apart
+    # the setting too: this section may be measured apart from the others
     return {"tokens": token_errors(models), "ranking": ranking(models), "batch": batch_invariance(models),
-            "seconds": main_job_seconds(models), "threads": torch.get_num_threads(),
-            "cpu": torch.backends.cpu.get_cpu_capability(), "machine": machine(), "versions": versions(),
-            "date": time.strftime("%Y-%m-%d")}
+            "seconds": main_job_seconds(models), **asdict(setting())}
 
 
 def tables(r: dict) -> str:

@@ -1,56 +1,17 @@
 """Run every benchmark and write docs/benchmarks.md (machine, versions, date, results).
 
-    python benchmarks/run.py
+    python -m benchmarks.run
 """
 
 from __future__ import annotations
 
-import datetime
-import os
-import platform
 import re
-import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from . import compile_bench, execute_bench, measure_bench, precision_bench, scale_bench
+from .setting import setting
 
-import compile_bench  # noqa: E402
-import execute_bench  # noqa: E402
-import measure_bench  # noqa: E402
-import precision_bench  # noqa: E402
-import scale_bench  # noqa: E402
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    mem = ""
-    try:
-        with open("/proc/meminfo") as f:
-            mem = f"{int(f.readline().split()[1]) / 2**20:.0f} GiB RAM"
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, {mem}; {platform.system()} {platform.release()}"
-
-
-def versions() -> str:
-    import importlib.metadata as md
-    names = ["relmql", "torch", "transformers", "tokenizers", "pynini", "numpy", "outlines-core", "ray"]
-    out = []
-    for n in names:
-        try:
-            out.append(f"{n} {md.version(n)}")
-        except md.PackageNotFoundError:
-            out.append(f"{n} (not installed)")
-    return ", ".join(out) + f"; Python {platform.python_version()}"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _mark(tag: str, body: str) -> str:
@@ -76,11 +37,11 @@ def main():
     p.add_argument("--only", choices=("compile", "execute", "measure", "precision", "scale"),
                    help="run one part (the others are left as they are)")
     p.add_argument("--execute-json", help="take the executor results from this file (written by "
-                                          "execute_bench.py --json) instead of measuring them")
+                                          "python -m benchmarks.execute_bench --json) instead of measuring them")
     p.add_argument("--precision-json", help="take the precision results from this file (written by "
-                                            "precision_bench.py --json) instead of measuring them")
+                                            "python -m benchmarks.precision_bench --json) instead of measuring them")
     args = p.parse_args()
-    out = HERE.parent / "docs" / "benchmarks.md"
+    out = ROOT / "docs" / "benchmarks.md"
     rows = compile_bench.run() if args.only in (None, "compile") else None
     if args.execute_json:
         import json
@@ -94,7 +55,7 @@ def main():
         precise = json.loads(Path(args.precision_json).read_text())
     else:
         precise = precision_bench.run() if args.only in (None, "precision") else None
-    text = (HERE.parent / "docs" / "benchmarks.template.md").read_text()
+    text = (ROOT / "docs" / "benchmarks.template.md").read_text()
     old = out.read_text() if out.exists() else ""
     compile_part = compile_bench.table(rows) if rows else _section(old, "<!-- compile -->")
     reading = compile_bench.reading(rows) if rows else _section(old, "<!-- compile reading -->")
@@ -102,7 +63,8 @@ def main():
     measure_part = measure_bench.tables(measured) if measured else _section(old, "<!-- measure -->")
     scale_part = scale_bench.tables(scaled) if scaled else _section(old, "<!-- scale -->")
     precision_part = precision_bench.tables(precise) if precise else _section(old, "<!-- precision -->")
-    header = {"date": datetime.date.today().isoformat(), "machine": machine(), "versions": versions()}
+    now = setting()
+    header = {"date": now.date, "machine": now.machine, "versions": now.versions}
     if args.only and old:  # one part measured again: the header stays the other parts'
         header = {k: _header(old, k) or v for k, v in header.items()}
     text = (text.replace("{{date}}", header["date"])

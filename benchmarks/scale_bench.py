@@ -1,6 +1,6 @@
 """Scale-out: the LAMBADA baseline query's data rows per second in-process and on the Ray engine.
 
-    python benchmarks/scale_bench.py [--rows 60] [--json out.json]
+    python -m benchmarks.scale_bench [--rows 60] [--json out.json]
 
 Each configuration runs in a fresh process (compiled automata are cached within a process), on
 the same first ``--rows`` rows of the paper's LAMBADA baseline statement
@@ -21,15 +21,15 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+from .paper.common import statements
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RQL = HERE / "paper" / "lambada.rql"
-sys.path.insert(0, str(HERE / "paper"))  # common: the paper's statement files
 
 
 def statement(rows: int) -> str:
     """The baseline statement of lambada.rql on its first ``rows`` data rows."""
-    from common import statements
     text = dict(statements(RQL))["baseline"]
     head, sep, tail = text.rpartition("LIMIT ")
     return f"{head}{sep}{rows}"
@@ -62,7 +62,6 @@ BIAS = HERE / "paper" / "bias.rql"
 def script(draws: int) -> str:
     """The sampled statements of bias.rql that have the prefix (8 independent queries), with
     ``draws`` draws each instead of 5000."""
-    from common import statements
     chosen = [text for name, text in statements(BIAS) if name.startswith("sampled") and name.endswith(("man", "woman"))]
     return "".join(text.replace("SAMPLE 5000", f"SAMPLE {draws}") + ";\n" for text in chosen)
 
@@ -124,8 +123,8 @@ def _fresh(args: List[str], model: str, dtype: str) -> Dict:
     import subprocess
     import tempfile
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        subprocess.run([sys.executable, str(Path(__file__).resolve()), *args, "--model", model, "--dtype", dtype,
-                        "--json", f.name], check=True)
+        subprocess.run([sys.executable, "-m", "benchmarks.scale_bench", *args, "--model", model, "--dtype", dtype,
+                        "--json", f.name], check=True, cwd=ROOT)
         return json.loads(Path(f.name).read_text())
 
 

@@ -14,18 +14,15 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from .errors import Error, closest
-from .execute.options import Stop
-from .models import BUILTIN_MODELS, LanguageModel, load_model
+from .models import BUILTIN_MODELS, LanguageModel, ModelCache
 from .output import render_table
 from .output.format import format_value
-from .plan import (OPTIONS, DatasetPlan, ModelRef, PlanError, QueryPlan, TestPlan, constant, defaults, option, plan,
-                   plan_row, selected_rows)
-from .plan.explain import explain as explain_plan
+from .plan import OPTIONS, ModelRef, PlanError, QueryPlan, TestPlan, constant, defaults, option, plan
+from .records import Stop
 from .stats import Chi2Result, chi2_independence
 from .syntax import ast as A
 from .syntax import parse
 
-_NUMBER_COLUMNS = {"logprob", "prob", "total_logprob", "total_prob", "edits", "weight"}
 SHOW_WHAT = ("models", "options", "functions")
 
 
@@ -235,24 +232,6 @@ class Result:
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{foot}"
 
 
-def _kinds(outputs) -> List[str]:
-    kinds = []
-    for o in outputs:
-        e = o.expr
-        if isinstance(e, A.Column) and e.name == "rank":
-            kinds.append("rank")
-        elif isinstance(e, A.Column) and e.name in _NUMBER_COLUMNS:
-            kinds.append("number")
-        elif isinstance(e, A.Column) and e.name == "canonical":
-            kinds.append("bool")
-        elif isinstance(e, A.Call) and e.name in ("count", "sum", "avg", "exp", "ln", "round", "length", "probability",
-                                                  "ci_low", "ci_high", "wilson_low", "wilson_high"):
-            kinds.append("number")
-        else:
-            kinds.append("text")
-    return kinds
-
-
 class Connection:
     """A session: a default model, option settings (``SET``) and the models loaded so far.
 
@@ -266,7 +245,7 @@ class Connection:
                  seed: Optional[int] = None, progress: bool = False, engine: Optional[str] = None,
                  address: Optional[str] = None, **options):
         self.settings: Dict[str, Any] = defaults()
-        self._models: Dict[tuple, LanguageModel] = {}
+        self.models = ModelCache()  # the models loaded so far
         self._cluster = None
         self._cluster_key: Optional[tuple] = None  # the settings it was started with
         given = dict(options, model=model, device=device, dtype=dtype, seed=seed, ray_address=address, engine=engine)
@@ -310,11 +289,7 @@ class Connection:
     # -- models
     def model(self, ref: Optional[ModelRef] = None) -> LanguageModel:
         """The model of ``ref`` (default: the session's), loaded once per session."""
-        ref = ref or ModelRef(self.settings["model"], self.settings["device"], self.settings["dtype"])
-        key = (ref.name, ref.device, ref.dtype)
-        if key not in self._models:
-            self._models[key] = load_model(ref.name, device=ref.device, dtype=ref.dtype)
-        return self._models[key]
+        return self.models(ref or ModelRef(self.settings["model"], self.settings["device"], self.settings["dtype"]))
 
     # -- statements
     def sql(self, text: str, params: Optional[Mapping[str, Any]] = None) -> Result:
@@ -358,7 +333,7 @@ class Connection:
 
         def rows(result: Result) -> Iterator[tuple]:
             from .engine import load, run
-            from .models.hf import approximate
+            from .models.device import approximate
             if isinstance(p, QueryPlan) and remote is None:
                 model = load(p, self.model)  # before the clock starts: row times are the query's own
                 result.approximate = model.approximate
@@ -374,29 +349,22 @@ class Connection:
             finally:
                 bar.close()
 
-        return Result(p.columns, rows, explain=lambda: self._explain(p), kinds=_kinds(p.outputs), test=p.test,
-                      start=remote.start if remote is not None else None,
+        return Result(p.columns, rows, explain=lambda: self._explain(p), kinds=[o.kind for o in p.outputs],
+                      test=p.test, start=remote.start if remote is not None else None,
                       stop=remote.cancel if remote is not None else None)
 
     def _explain(self, p) -> str:
-        from .engine import compile_plan, load
-        if isinstance(p, DatasetPlan):
-            selected = selected_rows(p)
-            if not selected:
-                raise PlanError(f"{p.path}: no rows to run", p.query.dataset.source.span, p.source)
-            first = plan_row(p, selected[0])
-            model = load(first, self.model)
-            return explain_plan(first, compile_plan(first, model), model, dataset=p, dataset_rows=len(selected))
-        model = load(p, self.model)
-        return explain_plan(p, compile_plan(p, model), model)
+        from .explain import explain  # the engine, and torch, only when a plan is explained
+        return explain(p, self.model)
 
     def _show(self, st: A.Show, text: str) -> Result:
         what = st.what
         if what == "models":
             current = self.settings["model"]
-            rows = [(name, name == current, any(k[0] == name for k in self._models)) for name in BUILTIN_MODELS]
+            loaded = self.models.names()
+            rows = [(name, name == current, name in loaded) for name in BUILTIN_MODELS]
             if current not in BUILTIN_MODELS:
-                rows.append((current, True, any(k[0] == current for k in self._models)))
+                rows.append((current, True, current in loaded))
             return Result(("model", "default", "loaded"), lambda r: iter(rows), kinds=("text", "bool", "bool"))
         if what == "options":
             rows = [(name, self.settings[name], spec.default, spec.doc) for name, spec in OPTIONS.items()]
@@ -415,7 +383,7 @@ class Connection:
 
     def close(self) -> None:
         """Forget the loaded models; stop the Ray engine's workers."""
-        self._models.clear()
+        self.models.clear()
         if self._cluster is not None:
             self._cluster.close()
             self._cluster = None

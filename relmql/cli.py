@@ -75,11 +75,12 @@ def _params(items: List[str]) -> Dict[str, str]:
 
 
 def _format(args, out: IO[str]) -> str:
+    from .output import FORMATS
     if args.format:
         return args.format
     if args.output:
         ext = Path(args.output).suffix.lower().lstrip(".")
-        if ext in ("csv", "json", "jsonl"):
+        if ext in FORMATS:
             return ext
         return "table" if ext in ("txt", "") else "jsonl"
     return "table" if out.isatty() else "jsonl"

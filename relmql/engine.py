@@ -17,12 +17,13 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 from .automata import compile
 from .automata.language import levenshtein, nearest, unedited, viable_length
 from .errors import Error
-from .execute import COLUMNS, Mass, Measure, Row, Sample, SearchStats, Stop, execute, measure
-from .stats import Estimate, probability, sort_key
+from .execute import Mass, Row, SearchStats, execute, measure
 from .models import LanguageModel
 from .plan import DatasetPlan, ModelRef, Plan, QueryPlan, evaluate, plan_row, selected_rows
 from .plan.expr import Env
 from .plan.options import PlanError
+from .records import COLUMNS, COMPUTED_COLUMNS, Cancelled, Measure, Sample, Stop
+from .stats import Estimate, probability, sort_key
 from .syntax import ast as A
 
 Models = Callable[[ModelRef], LanguageModel]
@@ -45,7 +46,7 @@ class RowEnv(Env):
     def column(self, node: A.Column):
         name = node.name
         row = self.row
-        if name in COLUMNS or name in ("rank", "edit_position"):
+        if name in COLUMNS or name in COMPUTED_COLUMNS:
             self.beyond = self.beyond or name != "prefix"
         if name == "rank":
             return self.rank
@@ -435,7 +436,6 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total,
     before_stops = len(stopped)
     for data in selected:
         if cancel is not None and cancel.is_set():
-            from .execute import Cancelled
             raise Cancelled("the query was cancelled")
         qplan = plan_row(plan, data)
         found = False

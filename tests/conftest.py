@@ -89,7 +89,7 @@ def con(tiny):
     """A session on tiny-gpt2 in float32 (one per test module: SET does not leak between modules)."""
     import relmql
     session = relmql.connect(model="tiny-gpt2", dtype="float32")
-    session._models[("tiny-gpt2", "cpu", "float32")] = tiny
+    session.models.put("tiny-gpt2", "cpu", "float32", tiny)
     return session
 
 
@@ -102,5 +102,5 @@ def fresh(con, **options):
     """A new session (default settings) sharing ``con``'s loaded model, so that it is not loaded again."""
     import relmql
     new = relmql.connect(model="tiny-gpt2", dtype="float32", **options)
-    new._models = dict(con._models)
+    new.models = con.models.copy()
     return new

@@ -229,7 +229,7 @@ def test_bad_connect_options_are_clean_errors(options, words):
 def test_connection_is_a_context_manager(con):
     with fresh(con) as session:
         assert len(session.sql(SMALL + " LIMIT 1").fetchall()) == 1
-    assert session._models == {}
+    assert session.models.names() == []
 
 
 def test_default_connection_uses_the_embedded_model():

@@ -18,7 +18,7 @@ SCRIPTS = sorted((ROOT / "examples" / "cookbook").glob("*.rql"))
 @pytest.fixture(scope="module")
 def smol_con(smol):
     session = relmql.connect(dtype="float32")
-    session._models[("smollm2-135m", "cpu", "float32")] = smol
+    session.models.put("smollm2-135m", "cpu", "float32", smol)
     return session
 
 

@@ -9,7 +9,8 @@ import re
 import numpy as np
 import pytest
 
-from relmql.automata.fsa import PRINTABLE_ASCII, SPLIT_COL, count_strings
+from relmql.automata.bytedfa import SPLIT_COL, count_strings
+from relmql.records import PRINTABLE_ASCII
 from relmql.errors import CompileError
 
 from conftest import fullmatch, language, strings

@@ -220,7 +220,7 @@ def test_a_folder_that_is_not_a_model_says_what_it_lacks(tiny, tmp_path):
 
 
 def test_the_default_dtype_is_float32_and_exact(tiny):
-    from relmql.models.hf import approximate
+    from relmql.models.device import approximate
     assert load_model("tiny-gpt2").dtype == torch.float32 and tiny.approximate is None
     assert approximate(None, "cpu") is None and approximate("float32", "cpu") is None
     assert "bfloat16" in approximate("bfloat16", "cpu") and "float16" in approximate("float16", "cpu")

@@ -6,19 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks.paper import bias, common, lambada, memorization
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
-sys.path.insert(0, str(ROOT / "benchmarks" / "paper"))
-
-import bias  # noqa: E402
-import common  # noqa: E402
-import lambada  # noqa: E402
-import memorization  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (DATA / "lambada_test.jsonl").exists(), reason="../shared/data is missing")
 
@@ -107,10 +102,7 @@ def test_memorization_smoke(tmp_path):
 
 def test_results_page_holds_every_section():
     """docs/paper-results.md is the template filled with the sections the drivers wrote."""
-    import importlib.util  # by path: benchmarks/run.py is also a module named run
-    spec = importlib.util.spec_from_file_location("paper_run", ROOT / "benchmarks" / "paper" / "run.py")
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
+    from benchmarks.paper import run
     page = (ROOT / "docs" / "paper-results.md").read_text(encoding="utf-8")
     assert "{{" not in page
     for name in run.EXPERIMENTS:

@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 import relmql
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks" / "paper"))
-import extraction as E
+from benchmarks.paper import extraction as E
 
 TARGET_WORDS = re.compile(r"warranty|warranties|merchantability|fitness|liable|liability|infringement|damages", re.IGNORECASE)
 
@@ -82,7 +78,7 @@ def test_mine_on_the_licences():
 @pytest.fixture(scope="module")
 def con(smol):
     session = relmql.connect(dtype="float32")
-    session._models[("smollm2-135m", "cpu", "float32")] = smol
+    session.models.put("smollm2-135m", "cpu", "float32", smol)
     return session
 
 

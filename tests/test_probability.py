@@ -80,7 +80,7 @@ def oracle_by_prefix_class(paths, prefixes, prefix_class, group):
 def smol_con(smol):
     import relmql
     session = relmql.connect(dtype="float32")
-    session._models[("smollm2-135m", "cpu", "float32")] = smol
+    session.models.put("smollm2-135m", "cpu", "float32", smol)
     return session
 
 
@@ -544,7 +544,7 @@ def test_test_clause_on_sampled_counts(con):
 def test_test_clause_on_exact_probabilities(con):
     from relmql.api import connect
     session = connect(model="tiny-gpt2", dtype="float32", test_draws=1000)
-    session._models = dict(con._models)
+    session.models = con.models.copy()
     r = session.sql(f"SELECT gender, field, probability() AS p {GF} GROUP BY gender, field "
                     "TEST INDEPENDENCE OF gender, field")
     p = {(g, f): v for g, f, v in r.fetchall()}
@@ -659,7 +659,7 @@ def test_progress_for_every_kind_of_query(con, monkeypatch, query, shows):
     monkeypatch.setattr(api._Progress, "DELAY", 0)
     monkeypatch.setattr(api._Progress, "MININTERVAL", 0)
     session = api.connect(model="tiny-gpt2", dtype="float32", progress=True)
-    session._models = dict(con._models)
+    session.models = con.models.copy()
     err = _Terminal()
     monkeypatch.setattr(sys, "stderr", err)
     session.sql(query).fetchall()

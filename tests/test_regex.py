@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relmql.automata import regex as rx
-from relmql.automata.fsa import SPLIT_COL
+from relmql.automata.bytedfa import SPLIT_COL
 from relmql.errors import CompileError, RegexError
 
 from conftest import fullmatch, language, strings
@@ -264,27 +264,27 @@ def test_repetition_sizes(pattern, count):
 
 
 def test_source_size_is_checked_before_parsing():
-    from relmql.automata import fsa
+    from relmql.automata.regex_fst import check_source
     words = "|".join(f"w{i}" for i in range(30_000))
     with pytest.raises(CompileError) as info:
-        fsa.check_source(words, 100_000)
+        check_source(words, 100_000)
     err = info.value
     assert "at least" in err.message and "limit of 100,000" in err.message and "max_states" in err.hint
     assert err.span == (0, len(words))
-    fsa.check_source("(?#" + "x" * 200_000 + ")a", 100_000)  # a comment: no states
-    fsa.check_source("(?:" + "x" * 200_000 + "){0}a", 100_000)  # repeated zero times
-    fsa.check_source("[" + "x" * 200_000 + "]", 100_000)  # one class
-    fsa.check_source("(?x)" + " " * 200_000 + "a", 100_000)  # verbose spaces
+    check_source("(?#" + "x" * 200_000 + ")a", 100_000)  # a comment: no states
+    check_source("(?:" + "x" * 200_000 + "){0}a", 100_000)  # repeated zero times
+    check_source("[" + "x" * 200_000 + "]", 100_000)  # one class
+    check_source("(?x)" + " " * 200_000 + "a", 100_000)  # verbose spaces
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(regexes(), st.sampled_from(["", "(?i)", "(?s)", "(?x)", "(?x:a b)", "\\ud800", "a{0}", "(?#c)", "[^\\s\\S]"]),
        st.sampled_from(["", "\\x61", "\\N{EM DASH}", "\\u00e9", "\\101", "\\.", "{", "}", "(?P<n>é)", "\\Z"]))
 def test_source_atoms_are_a_lower_bound_of_the_estimate(pattern, before, after):
-    from relmql.automata import fsa
+    from relmql.automata.regex_fst import estimate_states, simplify
     pattern = before + pattern + after
     try:
         parsed = rx.parse(pattern)
     except RegexError:
         return
-    assert rx.atom_count(pattern) <= fsa.estimate_states(fsa.simplify(parsed.root)) - 1
+    assert rx.atom_count(pattern) <= estimate_states(simplify(parsed.root)) - 1

@@ -488,7 +488,7 @@ def test_the_embedded_model_through_the_shell(smol):
     import math
     import relmql
     con = relmql.connect(dtype="float32")
-    con._models[("smollm2-135m", "cpu", "float32")] = smol  # the session's copy, loaded once
+    con.models.put("smollm2-135m", "cpu", "float32", smol)  # the session's copy, loaded once
     months = ["January", "February", "March", "April", "May", "June", "July", "August", "September",
               "October", "November", "December"]
     prefix = "George Washington was born on"

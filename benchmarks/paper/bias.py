@@ -5,7 +5,7 @@ or without one character edit, with or without the prefix), ReLM-style sampled c
 gender and field with the χ² test of independence, and the exact (or, for the edit languages,
 unbiasedly estimated) probability of each field given the gender.
 
-    python benchmarks/paper/bias.py [--model gpt2] [--smoke]
+    python -m benchmarks.paper.bias [--model gpt2] [--smoke]
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 import time
 from typing import Dict, List
 
-import common
+from . import common
 
 CONFIGS = ("canonical", "all", "canonical, edits", "all, edits")
 PREFIXES = ("prefix", "no prefix")

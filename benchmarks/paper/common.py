@@ -15,25 +15,12 @@ import time
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from ..setting import setting as current_setting
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 DATA = ROOT.parent / "shared" / "data"
 DOCS = ROOT / "docs"
-
-sys.path.append(str(HERE.parent))  # benchmarks/: execute_bench's URL judge
-
-
-def _benchmarks_run():
-    """benchmarks/run.py (its machine and version lines), by path: this folder has a run.py too."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("benchmarks_run", HERE.parent / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_RUN = _benchmarks_run()
-machine, versions = _RUN.machine, _RUN.versions
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -89,8 +76,8 @@ def out_dir(args) -> Path:
 def setting(args, seconds: Optional[float] = None) -> str:
     """One line: model, dtype, machine, versions, run time."""
     took = f"; ran {seconds / 60:.1f} min" if seconds is not None else ""
-    return (f"Model `{args.model}` ({args.dtype}) on {machine()}; {versions()}; "
-            f"{time.strftime('%Y-%m-%d')}{took}.")
+    now = current_setting()
+    return f"Model `{args.model}` ({args.dtype}) on {now.machine}; {now.versions}; {now.date}{took}."
 
 
 def figure_path(args, name: str) -> Path:
@@ -106,7 +93,7 @@ def link(args, path: Path) -> str:
 
 
 def main_for(name: str, run, description: str, extra=None) -> None:
-    """``python benchmarks/paper/X.py [options]``: run one experiment, print its section."""
+    """``python -m benchmarks.paper.X [options]``: run one experiment, print its section."""
     p = parser(description)
     if extra:
         extra(p)

@@ -13,9 +13,9 @@ files of the installed Python packages), mined at run time with a regex for six 
 (see ``WORDS``); nothing mined is stored in the repository. The statements are in
 ``extraction.rql`` beside this file.
 
-    python benchmarks/paper/extraction.py                 # docs/paper/extraction.md + figures
-    python benchmarks/paper/extraction.py --inputs 40 --cap 100
-    python benchmarks/paper/extraction.py --smoke         # three sentences, small caps
+    python -m benchmarks.paper.extraction                 # docs/paper/extraction.md + figures
+    python -m benchmarks.paper.extraction --inputs 40 --cap 100
+    python -m benchmarks.paper.extraction --smoke         # three sentences, small caps
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common
+from . import common
 
 RQL = common.HERE / "extraction.rql"
 

@@ -6,8 +6,8 @@ true last word. Also measures, without searching, how often the model would let 
 at the true answer at all: the rank of the end-of-text token (and of a line break) right after
 it, which bounds what the terminated variants can reach under top-1000 decoding.
 
-    python benchmarks/paper/lambada.py                         # the documented run
-    python benchmarks/paper/lambada.py --rows 500 --slow-rows 500 --eos-rows 500 --model gpt2
+    python -m benchmarks.paper.lambada                         # the documented run
+    python -m benchmarks.paper.lambada --rows 500 --slow-rows 500 --eos-rows 500 --model gpt2
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 import time
 from typing import Dict, List
 
-import common
+from . import common
 
 PAPER = {  # Table 1 of the paper: accuracy (%) on 500 examples
     "GPT-2 (paper)": {"baseline": 27.0, "words": 43.0, "terminated": 46.4, "no stop": 52.2},

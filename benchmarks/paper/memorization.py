@@ -6,7 +6,7 @@ from the same prefix with a stop length of n = 1, 2, 4, ..., 64 new tokens at ba
 in the paper. Each method runs for the same wall time; every URL it returns is validated
 offline (the registered domain, by the public suffix list, is one of OpenDNS's top 10,000).
 
-    python benchmarks/paper/memorization.py [--seconds 120] [--model gpt2]
+    python -m benchmarks.paper.memorization [--seconds 120] [--model gpt2]
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import json
 import time
 from typing import Dict, List
 
-import common
+from . import common
 
-from execute_bench import URL_CHARS, UrlJudge  # noqa: E402
+from ..execute_bench import URL_CHARS, UrlJudge
 
 LENGTHS = (1, 2, 4, 8, 16, 32, 64)
 

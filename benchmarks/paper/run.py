@@ -1,10 +1,10 @@
 """Run the paper's four evaluations and write docs/paper-results.md with their tables and figures.
 
-    python benchmarks/paper/run.py                    # all four (about 1.5 h on two CPU cores)
-    python benchmarks/paper/run.py --only lambada     # one; the others' sections stay as they are
-    python benchmarks/paper/run.py --model gpt2       # GPT-2 from the local Hugging Face cache
+    python -m benchmarks.paper.run                    # all four (about 1.5 h on two CPU cores)
+    python -m benchmarks.paper.run --only lambada     # one; the others' sections stay as they are
+    python -m benchmarks.paper.run --model gpt2       # GPT-2 from the local Hugging Face cache
 
-Each experiment also runs alone (``python benchmarks/paper/lambada.py --help``) and writes its
+Each experiment also runs alone (``python -m benchmarks.paper.lambada --help``) and writes its
 section into docs/paper/NAME.md; this script then puts every section into
 docs/paper-results.md, built from docs/paper-results.template.md (``--assemble``: only that).
 """
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-import common
+from . import common
 
 EXPERIMENTS = ("memorization", "bias", "extraction", "lambada")
 
@@ -37,7 +37,7 @@ def main() -> None:
     p.add_argument("--only", choices=EXPERIMENTS, action="append", help="run this experiment (repeatable)")
     p.add_argument("--assemble", action="store_true",
                    help="run nothing: rebuild docs/paper-results.md from the sections in --out")
-    modules = {name: importlib.import_module(name) for name in EXPERIMENTS}
+    modules = {name: importlib.import_module(f".{name}", __package__) for name in EXPERIMENTS}
     for module in modules.values():  # each experiment's own options
         module.options(p)
     args = p.parse_args()

@@ -1,44 +1,21 @@
 """The compiler: a regex (and its prefix) → a byte automaton → a token automaton over a vocabulary.
 
-Entry point: ``compile(matching, vocabulary, prefix, options)``.
+Entry point: ``compile(matching, vocabulary, prefix, options)``. ``CompileOptions`` lives in
+``relmql.records`` (below the planner, which makes it) and is named here too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass, field
-from typing import Optional, Tuple
+from typing import Optional
 
 from ..errors import CompileError
 from ..models.vocab import Vocabulary
-from .fsa import EDIT_SCOPES, PRINTABLE_ASCII, ByteDFA
-from .language import DEFAULT_MAX_STATES, Language, LanguageSpec, compile_language
-from .tokens import TOKENIZATIONS, Arcs, TokenAutomaton
-
-
-@dataclass(frozen=True)
-class CompileOptions:
-    """How a query's strings become token sequences.
-
-    tokenization / prefix_tokenization: "canonical" (only what the tokenizer produces) or "all"
-    (every token sequence spelling the text), for the completion and the prefix.
-    edits: up to this many character edits (insert, delete, substitute) over ``edit_alphabet``,
-    in ``edit_scope`` ("all", "prefix" or "completion").
-    exclude: regexes whose strings are removed.
-    max_states: the largest byte automaton allowed.
-    """
-
-    tokenization: str = "canonical"
-    prefix_tokenization: str = "canonical"
-    edits: int = 0
-    edit_scope: str = "all"
-    edit_alphabet: str = PRINTABLE_ASCII
-    exclude: Tuple[str, ...] = field(default=())
-    max_states: int = DEFAULT_MAX_STATES
-
-
-MAX_EDITS = 64
+from ..records import EDIT_SCOPES, MAX_EDITS, TOKENIZATIONS, CompileOptions
+from .bytedfa import ByteDFA
+from .language import Language, LanguageSpec, compile_language
+from .tokens import Arcs, TokenAutomaton
 
 
 def compile(matching: str, vocabulary: Vocabulary, prefix: Optional[str] = None,
@@ -84,4 +61,4 @@ def _compile(matching: str, vocabulary: Vocabulary, prefix: Optional[str], optio
 
 
 __all__ = ["compile", "CompileOptions", "TokenAutomaton", "Arcs", "Language", "LanguageSpec", "ByteDFA",
-           "compile_language", "TOKENIZATIONS", "EDIT_SCOPES", "PRINTABLE_ASCII"]
+           "compile_language"]

@@ -11,11 +11,12 @@ import numpy as np
 import pynini
 
 from ..errors import CompileError, Error
-from . import fsa
+from ..records import DEFAULT_MAX_STATES, EDIT_SCOPES, PRINTABLE_ASCII
 from . import regex as rx
-from .fsa import PRINTABLE_ASCII, ByteDFA
-
-DEFAULT_MAX_STATES = 100_000
+from .bytedfa import SPLIT_COL, ByteDFA, count_strings, prepend_split, to_dfa
+from .primitives import intersect, optimize
+from .regex_fst import check_source, regex_fst
+from .transducers import exclude, longest_split, split_language, tag_levels, with_edits
 
 
 @dataclass(frozen=True)
@@ -52,13 +53,13 @@ class Language:
     @functools.cached_property
     def num_strings(self) -> Optional[int]:
         """How many strings the language has (None: infinitely many)."""
-        return fsa.count_strings(self.dfa)
+        return count_strings(self.dfa)
 
 
 def _pattern_fst(pattern: str, role: str, max_states: int) -> pynini.Fst:
     try:
-        fsa.check_source(pattern, max_states)
-        fst = fsa.regex_fst(rx.parse(pattern), max_states)
+        check_source(pattern, max_states)
+        fst = regex_fst(rx.parse(pattern), max_states)
     except Error as e:
         e.role = role
         raise
@@ -75,16 +76,16 @@ def _role(err: Error, role: str) -> Error:
 @functools.lru_cache(maxsize=64)
 def compile_language(spec: LanguageSpec) -> Language:
     """Build the deterministic byte automaton of ``spec`` (cached)."""
-    if spec.edit_scope not in fsa.EDIT_SCOPES:
-        raise CompileError(f"unknown edit scope {spec.edit_scope!r}; use one of {', '.join(fsa.EDIT_SCOPES)}")
+    if spec.edit_scope not in EDIT_SCOPES:
+        raise CompileError(f"unknown edit scope {spec.edit_scope!r}; use one of {', '.join(EDIT_SCOPES)}")
     if spec.edits < 0:
         raise CompileError("the number of edits must be zero or more")
     limit = spec.max_states
     matching = _pattern_fst(spec.matching, "MATCHING", limit)
     prefix = _pattern_fst(spec.prefix, "PREFIX", limit) if spec.prefix else None
     if prefix is None and not spec.edits and not spec.exclude:
-        return Language(spec, fsa.prepend_split(fsa.to_dfa(matching)))  # the common, quick case
-    lang = fsa.split_language(matching, prefix, limit)
+        return Language(spec, prepend_split(to_dfa(matching)))  # the common, quick case
+    lang = split_language(matching, prefix, limit)
     if lang.num_states() == 0:
         raise _role(CompileError("no string of MATCHING starts with a string of PREFIX",
                                  (0, len(spec.prefix or "")), spec.prefix),
@@ -92,17 +93,17 @@ def compile_language(spec: LanguageSpec) -> Language:
     ambiguous = prefix is not None  # a prefix language may contain prefixes of its own strings
     if spec.edits:
         scope = spec.edit_scope if prefix is not None else "completion"
-        levels = fsa.with_edits(lang, spec.edits, spec.edit_alphabet, scope, limit)
-        lang = fsa.optimize(pynini.union(*levels), limit)
+        levels = with_edits(lang, spec.edits, spec.edit_alphabet, scope, limit)
+        lang = optimize(pynini.union(*levels), limit)
         ambiguous = ambiguous or scope != "completion"
     if ambiguous:
-        lang = fsa.longest_split(lang, limit)
+        lang = longest_split(lang, limit)
     for k, pattern in enumerate(spec.exclude):
-        lang = fsa.exclude(lang, _pattern_fst(pattern, f"exclusion {k + 1}", limit), limit)
+        lang = exclude(lang, _pattern_fst(pattern, f"exclusion {k + 1}", limit), limit)
     if spec.edits:
-        levels = [fsa.optimize(fsa.intersect(level, lang), limit) for level in levels]
-        lang = fsa.tag_levels(levels, limit)
-    dfa = fsa.to_dfa(lang)
+        levels = [optimize(intersect(level, lang), limit) for level in levels]
+        lang = tag_levels(levels, limit)
+    dfa = to_dfa(lang)
     if dfa.is_empty():
         raise CompileError("the query matches no string once the exclusions are applied"
                            if spec.exclude else "the query matches no string")
@@ -113,7 +114,7 @@ def compile_language(spec: LanguageSpec) -> Language:
 def unedited(matching: str, max_states: int = DEFAULT_MAX_STATES) -> Tuple[ByteDFA, int]:
     """The byte DFA of ``matching`` on its own (no prefix split, no edits) and its start state."""
     dfa = compile_language(LanguageSpec(matching, max_states=max_states)).dfa
-    return dfa, int(dfa.delta[0, fsa.SPLIT_COL])  # a language without prefix starts with SPLIT
+    return dfa, int(dfa.delta[0, SPLIT_COL])  # a language without prefix starts with SPLIT
 
 
 def viable_length(dfa: ByteDFA, start: int, data: bytes) -> int:

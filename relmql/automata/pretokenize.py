@@ -33,8 +33,8 @@ import pynini
 from ..cache import cached_json
 from ..errors import ModelError
 from ..models.vocab import Vocabulary
-from . import fsa
 from .charset import MAX_CP, CodepointSet
+from .primitives import ONE, TAG, chars_fst, optimize
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -400,17 +400,17 @@ class Tracker:
 
     def _build_reader(self, classes: Sequence[CodepointSet]):
         """A DFA over bytes that reads one UTF-8 character and tells its class."""
-        tag = fsa.TAG + 10
+        tag = TAG + 10
         parts = []
         for k, cs in enumerate(classes):
-            f = fsa.chars_fst(cs.encodable())
+            f = chars_fst(cs.encodable())
             t = pynini.Fst()
             t.add_states(2)
             t.set_start(0)
             t.set_final(1)
-            t.add_arc(0, pynini.Arc(tag + k, tag + k, fsa._ONE, 1))
+            t.add_arc(0, pynini.Arc(tag + k, tag + k, ONE, 1))
             parts.append(f.concat(t))
-        one_char = fsa.optimize(pynini.union(*parts), 10 ** 6)
+        one_char = optimize(pynini.union(*parts), 10 ** 6)
         n = one_char.num_states()
         start = one_char.start()
         order = [start] + [s for s in range(n) if s != start]

@@ -83,6 +83,23 @@ class Pattern:
     group_names: Tuple[Tuple[str, int], ...]
 
 
+def children(node: Node) -> Tuple[Node, ...]:
+    """The direct subexpressions of ``node``."""
+    return _CHILDREN.get(type(node), _no_children)(node)
+
+
+def _no_children(node: Node) -> Tuple[Node, ...]:
+    return ()
+
+
+_CHILDREN = {
+    Seq: lambda node: node.items,
+    Alt: lambda node: node.items,
+    Group: lambda node: (node.item,),
+    Repeat: lambda node: (node.item,),
+}
+
+
 # ---------------------------------------------------------------- flags
 
 FLAG_I, FLAG_M, FLAG_S, FLAG_X, FLAG_A, FLAG_U = 1, 2, 4, 8, 16, 32
@@ -469,7 +486,7 @@ _NOT_ATOMS = re.compile(r"[.\[\]}()*+?^$|]")
 def atom_count(source: str) -> int:
     """A lower bound, read from the source text without parsing it, of how many characters and
     classes the pattern has outside repetitions of at most 0 (each one adds at least one state to
-    ``fsa.estimate_states``), so that a huge pattern is refused before Python's ``re`` reads it."""
+    ``regex_fst.estimate_states``), so that a huge pattern is refused before Python's ``re`` reads it."""
     scan = _SCAN_VERBOSE if _VERBOSE_FLAG.search(source) else _SCAN  # (?x) may drop spaces
     kept = scan.sub(r"\g<one>\g<zero>", source)
     kept = kept[kept.rfind("{") + 1:]  # what a {0} may repeat zero times is before it
@@ -514,13 +531,7 @@ def strip_anchors(node: Node, source: str) -> Node:
 
 
 def _has_anchor(node: Node) -> bool:
-    if isinstance(node, Anchor):
-        return True
-    if isinstance(node, (Seq, Alt)):
-        return any(_has_anchor(n) for n in node.items)
-    if isinstance(node, (Group, Repeat)):
-        return _has_anchor(node.item)
-    return False
+    return isinstance(node, Anchor) or any(_has_anchor(n) for n in children(node))
 
 
 def _zero_width(node: Node) -> bool:
@@ -530,32 +541,52 @@ def _zero_width(node: Node) -> bool:
 
 
 def _strip(node: Node, at_start: bool, at_end: bool, source: str) -> Node:
-    if isinstance(node, Anchor):
-        ok = at_start if node.kind == "start" else at_end
-        if not ok:
-            where = "start" if node.kind == "start" else "end"
-            raise RegexError(f"an anchor that is not at the {where} of the pattern cannot be compiled "
-                             "(relmql matches whole strings, so anchors are only allowed at the edges)",
-                             node.span, source)
-        return Seq(node.span, ())
-    if isinstance(node, Seq):
-        items = node.items
-        if not any(_has_anchor(n) for n in items):
-            return node
-        zero = [_zero_width(n) for n in items]
-        before = [True] * (len(items) + 1)  # before[k]: items[:k] are all zero-width
-        for k, z in enumerate(zero):
-            before[k + 1] = before[k] and z
-        after = [True] * (len(items) + 1)  # after[k]: items[k:] are all zero-width
-        for k in range(len(items) - 1, -1, -1):
-            after[k] = after[k + 1] and zero[k]
-        return Seq(node.span, tuple(_strip(item, at_start and before[k], at_end and after[k + 1], source)
-                                    for k, item in enumerate(items)))
-    if isinstance(node, Alt):
-        return Alt(node.span, tuple(_strip(n, at_start, at_end, source) for n in node.items))
-    if isinstance(node, Group):
-        return Group(node.span, _strip(node.item, at_start, at_end, source), node.index, node.name)
-    if isinstance(node, Repeat):
-        once = node.max is not None and node.max <= 1
-        return Repeat(node.span, _strip(node.item, at_start and once, at_end and once, source), node.min, node.max)
-    return node
+    strip = _STRIP.get(type(node))
+    return node if strip is None else strip(node, at_start, at_end, source)
+
+
+def _strip_anchor(node: Anchor, at_start: bool, at_end: bool, source: str) -> Node:
+    ok = at_start if node.kind == "start" else at_end
+    if not ok:
+        where = "start" if node.kind == "start" else "end"
+        raise RegexError(f"an anchor that is not at the {where} of the pattern cannot be compiled "
+                         "(relmql matches whole strings, so anchors are only allowed at the edges)",
+                         node.span, source)
+    return Seq(node.span, ())
+
+
+def _strip_seq(node: Seq, at_start: bool, at_end: bool, source: str) -> Node:
+    items = node.items
+    if not any(_has_anchor(n) for n in items):
+        return node
+    zero = [_zero_width(n) for n in items]
+    before = [True] * (len(items) + 1)  # before[k]: items[:k] are all zero-width
+    for k, z in enumerate(zero):
+        before[k + 1] = before[k] and z
+    after = [True] * (len(items) + 1)  # after[k]: items[k:] are all zero-width
+    for k in range(len(items) - 1, -1, -1):
+        after[k] = after[k + 1] and zero[k]
+    return Seq(node.span, tuple(_strip(item, at_start and before[k], at_end and after[k + 1], source)
+                                for k, item in enumerate(items)))
+
+
+def _strip_alt(node: Alt, at_start: bool, at_end: bool, source: str) -> Node:
+    return Alt(node.span, tuple(_strip(n, at_start, at_end, source) for n in node.items))
+
+
+def _strip_group(node: Group, at_start: bool, at_end: bool, source: str) -> Node:
+    return Group(node.span, _strip(node.item, at_start, at_end, source), node.index, node.name)
+
+
+def _strip_repeat(node: Repeat, at_start: bool, at_end: bool, source: str) -> Node:
+    once = node.max is not None and node.max <= 1
+    return Repeat(node.span, _strip(node.item, at_start and once, at_end and once, source), node.min, node.max)
+
+
+_STRIP = {  # the nodes that may hold an anchor; the others stay as they are
+    Anchor: _strip_anchor,
+    Seq: _strip_seq,
+    Alt: _strip_alt,
+    Group: _strip_group,
+    Repeat: _strip_repeat,
+}

@@ -25,11 +25,11 @@ import numpy as np
 
 from ..errors import CompileError, ModelError
 from ..models.vocab import Vocabulary
-from .fsa import SPLIT_COL, ByteDFA, count_strings, format_count, trim
+from ..records import TOKENIZATIONS
+from .bytedfa import SPLIT_COL, ByteDFA, count_strings, format_count, trim
 from .language import Language
 from .trie import VocabTrie, trie_for
 
-TOKENIZATIONS = ("canonical", "all")
 CACHE_BYTES = 256 * 2 ** 20  # cached transitions per automaton until a query sets its share of max_memory
 LOOKAHEAD = 3  # tokens looked ahead for a way on where BPE's pair rule could block the next token
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from ..errors import Error
-from ..execute import Cancelled, Mass, Row, Stop
+from ..execute import Mass, Row
+from ..records import Cancelled, Stop
 from .worker import Piece
 
 MAX_RETRIES = 3  # deaths of workers running the same plan before its job fails

@@ -17,6 +17,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import Error
 from ..execute import Mass, Row, Stop
+from ..models import ModelCache
 
 ROWS_PER_PIECE = 256
 SECONDS_PER_PIECE = 0.2
@@ -44,14 +45,12 @@ class Worker:
 
     def __init__(self, threads: int, preload=None):
         import torch
-
-        from ..api import Connection
         torch.set_num_threads(max(1, int(threads)))
-        self.con = Connection()
+        self.models = ModelCache()
         self._events: Dict[int, threading.Event] = {}  # call -> set when it is cancelled
         if preload is not None:
             try:
-                self.con.model(preload)
+                self.models(preload)
             except Exception:  # noqa: BLE001 - the queries that use the model report why it fails
                 pass
 
@@ -74,7 +73,7 @@ class Worker:
         masses: list = []
         stopped: list = []
         seen, sent_mass, last = 0, False, time.monotonic()
-        rows = query_rows(plan, self.con.model, cancel, stopped=stopped, masses=masses)
+        rows = query_rows(plan, self.models, cancel, stopped=stopped, masses=masses)
 
         def take_warnings(p: Piece) -> Piece:
             p.warnings = err.getvalue()

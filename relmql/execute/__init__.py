@@ -1,22 +1,22 @@
 """Traversals of a token automaton on a model: exact shortest path and sampling.
 
-Entry point: ``execute(automaton, model, traversal, rules)`` → an iterator of ``Row``s.
+Entry point: ``execute(automaton, model, traversal, rules)`` → an iterator of ``Row``s. The records it
+takes and the errors it raises live in ``relmql.records`` (below the planner, which makes them) and are
+named here too.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Iterator, Optional, Union
+from typing import Iterator, Optional
 
 from ..automata.tokens import TokenAutomaton
 from ..models.base import LanguageModel
+from ..records import Cancelled, Decoding, ExecutionError, Measure, Sample, ShortestPath, Stop, Traversal
 from .measure import Mass, measure
-from .options import Cancelled, Decoding, ExecutionError, Measure, Sample, ShortestPath, Stop
-from .rows import COLUMNS, COMPUTED_COLUMNS, Row
+from .rows import Row
 from .sampling import SampleStats, sample
 from .shortest import SearchStats, shortest_path
-
-Traversal = Union[ShortestPath, Sample, Measure]
 
 
 def execute(automaton: TokenAutomaton, model: LanguageModel, traversal: Traversal,
@@ -34,5 +34,5 @@ def execute(automaton: TokenAutomaton, model: LanguageModel, traversal: Traversa
     raise ExecutionError(f"unknown traversal {traversal!r}")
 
 
-__all__ = ["execute", "shortest_path", "sample", "measure", "ShortestPath", "Sample", "Measure", "Mass", "Decoding", "Row", "COLUMNS", "COMPUTED_COLUMNS",
-           "Cancelled", "ExecutionError", "SampleStats", "SearchStats", "Stop"]
+__all__ = ["execute", "shortest_path", "sample", "measure", "ShortestPath", "Sample", "Measure", "Traversal", "Mass",
+           "Decoding", "Row", "Cancelled", "ExecutionError", "SampleStats", "SearchStats", "Stop"]

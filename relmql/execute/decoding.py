@@ -8,7 +8,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-from .options import Decoding
+from ..records import Decoding
 
 
 class RuleScores:

@@ -36,10 +36,10 @@ from typing import Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
-from ..automata.fsa import SPLIT_COL
+from ..automata.bytedfa import SPLIT_COL
 from ..automata.tokens import TokenAutomaton
 from ..models.base import LanguageModel
-from .options import Decoding, Measure
+from ..records import Decoding, Measure
 from .rows import Row
 from .sampling import sample
 from .shortest import SearchStats, shortest_path

@@ -6,9 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Tuple
 
-COLUMNS = ("text", "prefix", "completion", "tokens", "logprob", "prob", "total_logprob", "total_prob",
-           "canonical", "edits", "rank", "weight")
-COMPUTED_COLUMNS = ("edit_position",)  # worked out from a row when asked for; not in SELECT *
+from ..records import COLUMNS
 
 
 @dataclass(frozen=True)

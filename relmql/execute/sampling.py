@@ -37,8 +37,8 @@ import torch
 from ..automata.tokens import TokenAutomaton
 from ..memory import shares
 from ..models.base import LanguageModel, ModelState
+from ..records import Cancelled, Decoding, ExecutionError, Sample
 from .decoding import RuleScores
-from .options import Cancelled, Decoding, ExecutionError, Sample
 from .rows import Row, make_row
 
 
@@ -105,154 +105,125 @@ def draw_prefix(automaton: TokenAutomaton, rng: random.Random, max_tokens: int) 
 def sample(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opts: Sample,
            cancel: Optional[threading.Event] = None, stats: Optional[SampleStats] = None) -> Iterator[Row]:
     """``opts.n`` rows in sample order (row i is sample i), reproducible for ``opts.seed``."""
-    rules, opts = rules.check(), opts.check()
-    stats = stats if stats is not None else SampleStats()
-    vocab = model.vocabulary
-    eos = model.eos_id
-    exact = opts.mode == "exact"
-    budget = opts.max_draws if opts.max_draws is not None else max(1000, 1000 * opts.n)
-    memory = shares(opts.max_memory)
-    model.set_cache_budget(memory.kv)
-    automaton.set_cache_budget(memory.automaton)
-    # a cached state holds its next-token log-probabilities (float32) and, for rejection, their
-    # cumulative sums (float64); half the share for prefixes, half for completions
-    per_state = len(vocab) * (12 if exact else 4)
-    cached_states = max(opts.batch_size, memory.traversal // 2 // per_state)
-    prefixes: "OrderedDict[Tuple[int, ...], Tuple[ModelState, float]]" = OrderedDict()
-    done: Dict[int, Row] = {}
-    waiting: List[_Walker] = []
-    next_out = 0
-    started = 0
+    yield from Sampler(automaton, model, rules, opts, stats).rows(cancel)
 
-    def prefix_states(walkers: List[_Walker]):
+
+class Sampler:
+    """One sampling run and its state: the walkers ``active`` (drawing a completion token by
+    token) and ``waiting`` (for their prefix's model state), the finished rows ``done`` until
+    their turn (``next_out``), and the model states cached for ``prefixes`` and for the
+    completions already ``seen`` (at most ``cached_states`` each)."""
+
+    def __init__(self, automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opts: Sample,
+                 stats: Optional[SampleStats] = None):
+        self.automaton, self.model = automaton, model
+        self.rules, self.opts = rules.check(), opts.check()
+        opts = self.opts
+        self.stats = stats if stats is not None else SampleStats()
+        self.exact = opts.mode == "exact"
+        self.max_draws = opts.max_draws if opts.max_draws is not None else max(1000, 1000 * opts.n)
+        memory = shares(opts.max_memory)
+        model.set_cache_budget(memory.kv)
+        automaton.set_cache_budget(memory.automaton)
+        # a cached state holds its next-token log-probabilities (float32) and, for rejection, their
+        # cumulative sums (float64); half the share for prefixes, half for completions
+        per_state = len(model.vocabulary) * (12 if self.exact else 4)
+        self.cached_states = max(opts.batch_size, memory.traversal // 2 // per_state)
+        self.prefixes: "OrderedDict[Tuple[int, ...], Tuple[ModelState, float]]" = OrderedDict()
+        self.seen: "OrderedDict[tuple, ModelState]" = OrderedDict()  # (prefix, completion tokens) -> state
+        self.done: Dict[int, Row] = {}
+        self.active: List[_Walker] = []
+        self.waiting: List[_Walker] = []
+        self.next_out = 0  # the next row to release
+        self.started = 0   # samples begun
+
+    def rows(self, cancel: Optional[threading.Event] = None) -> Iterator[Row]:
+        """The rows in sample order; a batch of walkers advances one token per model call."""
+        while self.next_out < self.opts.n:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("the query was cancelled")
+            self.start_walkers()
+            step = [w for w in self.active if self.walk(w)]
+            self.advance(step)
+            self.active = step
+            while self.next_out in self.done:
+                yield self.done.pop(self.next_out)
+                self.next_out += 1
+
+    def start_walkers(self) -> None:
+        """Begin new samples while the batch has room, and start the waiting walkers at their
+        prefix's state."""
+        opts = self.opts
+        while self.started < opts.n and len(self.active) + len(self.waiting) < opts.batch_size:
+            rng = sample_rng(opts.seed, self.started)
+            path, node = draw_prefix(self.automaton, rng, opts.max_prefix_tokens)
+            self.waiting.append(_Walker(self.started, rng, path, 0.0, None, node))
+            self.started += 1
+        if self.waiting:
+            self.prefix_states(self.waiting)
+            self.active.extend(self.waiting)
+            self.waiting = []
+
+    def prefix_states(self, walkers: List[_Walker]) -> None:
+        """Give each walker its prefix's model state and probability (read, or from the cache),
+        and restart it there."""
+        opts, prefixes = self.opts, self.prefixes
         todo = sorted({w.prefix for w in walkers if w.prefix not in prefixes})
         got = {}
         for k in range(0, len(todo), opts.batch_size):
             part = todo[k:k + opts.batch_size]
-            for path, st in zip(part, model.extend([None] * len(part), [list(p) for p in part])):
+            for path, st in zip(part, self.model.extend([None] * len(part), [list(p) for p in part])):
                 got[path] = (st, float(np.nansum(st.token_logprobs)))
         for w in walkers:
             w.start_state, w.pre_raw = got.get(w.prefix) or prefixes[w.prefix]
-            restart(w)
+            self.restart(w)
         for path, value in got.items():
             prefixes[path] = value
-        while len(prefixes) > cached_states:
+        while len(prefixes) > self.cached_states:
             prefixes.popitem(last=False)
 
-    def restart(w: _Walker):
+    def restart(self, w: _Walker) -> None:
+        """Start a walker's completion again, after its prefix (a new draw)."""
         w.state, w.node, w.tokens, w.cond, w.weight = w.start_state, w.start_node, [], 0.0, 1.0
-        stats.draws += 1
+        self.stats.draws += 1
 
-    def new_walker(i: int) -> _Walker:
-        rng = sample_rng(opts.seed, i)
-        path, node = draw_prefix(automaton, rng, opts.max_prefix_tokens)
-        return _Walker(i, rng, path, 0.0, None, node)
+    def walk(self, w: _Walker) -> bool:
+        """Draw until the walker takes a token (True), or its sample ends, misses, or waits for
+        another prefix (False); a rejection draws again at once (the prefix's state is at hand)."""
+        opts, stats = self.opts, self.stats
+        while True:
+            if stats.draws > self.max_draws:
+                raise ExecutionError(f"sampling gave up after {stats.draws:,} draws for {self.next_out:,} samples: "
+                                     "the language is too improbable for this sampler",
+                                     hint="use the local sampling mode, lower top-k/top-p, "
+                                          "or raise the draw budget (max_draws)")
+            what, arg = self.draw(w)
+            if what == "token":
+                return True
+            if what == "end":
+                return False
+            stats.discarded += 1
+            if opts.misses:  # one draw per sample: this one missed
+                self.done[w.index] = make_row(self.model.vocabulary, list(w.prefix) + w.tokens, len(w.prefix),
+                                              -math.inf, -math.inf, 0, w.index + 1, 0.0, miss=True)
+                return False
+            w.dead_ends += bool(arg)
+            if arg and (not w.tokens or w.dead_ends >= DEAD_ENDS):
+                # the rules leave nothing of the language after this prefix (certainly, when the
+                # first token is a dead end; most likely, after DEAD_ENDS dead ends in a row):
+                # draw another prefix
+                w.dead_ends = 0
+                w.prefix, w.start_node = draw_prefix(self.automaton, w.rng, opts.max_prefix_tokens)
+                self.waiting.append(w)
+                return False
+            self.restart(w)
 
-    def finish(w: _Walker, edits: int, eos_lp: float = 0.0):
-        cond = w.cond + (eos_lp if rules.eos else 0.0)
-        toks = list(w.prefix) + w.tokens
-        done[w.index] = make_row(vocab, toks, len(w.prefix), cond, w.pre_raw + cond, edits, w.index + 1,
-                                 1.0 if exact else w.weight)
-
-    def rule_scores(st: ModelState) -> RuleScores:
-        """The decoding rules on a state's distribution (cached on the state)."""
-        got = getattr(st, "_rules", None)
-        if got is None:
-            got = st._rules = RuleScores(st.logprobs[None], rules)
-        return got
-
-    def rule_at(st: ModelState, toks: np.ndarray) -> np.ndarray:
-        scores = rule_scores(st)
-        t = torch.from_numpy(np.asarray(toks, np.int64)).to(scores.x.device)
-        return scores.at(torch.zeros_like(t), t).double().cpu().numpy()
-
-    def draw(w: _Walker):
-        """One step of a walker: ("end", None), ("token", t) or ("reject", zero_mass)."""
-        arcs = automaton.arcs(w.node)
-        comp = ~arcs.prefix
-        toks, tgts = arcs.tokens[comp], arcs.targets[comp]
-        edits = automaton.final_edits(w.node)
-        final = edits >= 0
-        if final and (len(toks) == 0 or opts.first_match) and not rules.eos:
-            finish(w, edits)
-            return "end", None
-        if len(w.tokens) >= opts.max_tokens:
-            toks = toks[:0]  # no room for more tokens: only the end of text remains
-        can_end = final and eos is not None
-        if exact:
-            t = _draw_full(w.rng, w.state, rule_scores(w.state))
-            if t == eos and can_end:
-                finish(w, edits, float(rule_at(w.state, [eos])[0]))
-                return "end", None
-            hit = np.flatnonzero(toks == t) if t != eos else []
-            if not len(hit):
-                return "reject", False
-            k = int(hit[0])
-            lp = float(rule_at(w.state, [t])[0])
-        else:
-            options = rule_at(w.state, np.concatenate([toks, [eos]]) if can_end else toks) \
-                if len(toks) or can_end else np.zeros(0)
-            lps = options[:len(toks)]
-            p = np.exp(options)
-            z = p.sum()
-            if not z > 0:
-                return "reject", True  # a dead end: every allowed token was ruled out
-            k = min(int(np.searchsorted(np.cumsum(p), w.rng.random() * z, side="right")), len(p) - 1)
-            w.weight *= z
-            if can_end and k == len(lps):
-                finish(w, edits, float(options[-1]))
-                return "end", None
-            t, lp = int(toks[k]), float(lps[k])
-        w.tokens.append(int(t))
-        w.cond += lp
-        w.node = int(tgts[k])
-        return "token", int(t)
-
-    seen: "OrderedDict[tuple, ModelState]" = OrderedDict()  # (prefix, completion tokens) -> state
-    active: List[_Walker] = []
-    while next_out < opts.n:
-        if cancel is not None and cancel.is_set():
-            raise Cancelled("the query was cancelled")
-        while started < opts.n and len(active) + len(waiting) < opts.batch_size:
-            waiting.append(new_walker(started))
-            started += 1
-        if waiting:
-            prefix_states(waiting)
-            active.extend(waiting)
-            waiting = []
-        step = []
-        for w in active:
-            while True:  # redraw at once after a rejection: the prefix's distribution is at hand
-                if stats.draws > budget:
-                    raise ExecutionError(f"sampling gave up after {stats.draws:,} draws for {next_out:,} samples: "
-                                         "the language is too improbable for this sampler",
-                                         hint="use the local sampling mode, lower top-k/top-p, "
-                                              "or raise the draw budget (max_draws)")
-                what, arg = draw(w)
-                if what == "token":
-                    step.append((w, arg))
-                    break
-                if what == "end":
-                    break
-                stats.discarded += 1
-                if opts.misses:  # one draw per sample: this one missed
-                    done[w.index] = make_row(vocab, list(w.prefix) + w.tokens, len(w.prefix), -math.inf, -math.inf,
-                                             0, w.index + 1, 0.0, miss=True)
-                    break
-                w.dead_ends += bool(arg)
-                if arg and (not w.tokens or w.dead_ends >= DEAD_ENDS):
-                    # the rules leave nothing of the language after this prefix (certainly, when the
-                    # first token is a dead end; most likely, after DEAD_ENDS dead ends in a row):
-                    # draw another prefix
-                    w.dead_ends = 0
-                    w.prefix, w.start_node = draw_prefix(automaton, w.rng, opts.max_prefix_tokens)
-                    waiting.append(w)
-                    break
-                restart(w)
-        # advance every walker that drew a token: states already seen come from the cache, the
-        # others from one model call
+    def advance(self, step: List[_Walker]) -> None:
+        """Give every walker that drew a token its new model state: from the cache when already
+        seen, the others from one model call."""
+        seen = self.seen
         todo = {}
-        for w, _ in step:
+        for w in step:
             key = (w.prefix, tuple(w.tokens))
             got = seen.get(key)
             if got is not None:
@@ -263,17 +234,77 @@ def sample(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opt
         if todo:
             keys = list(todo)
             parents = [todo[k][0].state for k in keys]
-            outs = model.extend(parents, [[k[1][-1]] for k in keys])
+            outs = self.model.extend(parents, [[k[1][-1]] for k in keys])
             for key, st in zip(keys, outs):
                 for w in todo[key]:
                     w.state = st
                 seen[key] = st
-            while len(seen) > cached_states:
+            while len(seen) > self.cached_states:
                 seen.popitem(last=False)
-        active = [w for w, _ in step]
-        while next_out in done:
-            yield done.pop(next_out)
-            next_out += 1
+
+    def finish(self, w: _Walker, edits: int, eos_lp: float = 0.0) -> None:
+        """The walker's sample is a string of the language: its row waits in ``done``."""
+        cond = w.cond + (eos_lp if self.rules.eos else 0.0)
+        toks = list(w.prefix) + w.tokens
+        self.done[w.index] = make_row(self.model.vocabulary, toks, len(w.prefix), cond, w.pre_raw + cond, edits,
+                                      w.index + 1, 1.0 if self.exact else w.weight)
+
+    def rule_scores(self, st: ModelState) -> RuleScores:
+        """The decoding rules on a state's distribution (cached on the state)."""
+        got = getattr(st, "_rules", None)
+        if got is None:
+            got = st._rules = RuleScores(st.logprobs[None], self.rules)
+        return got
+
+    def rule_at(self, st: ModelState, toks) -> np.ndarray:
+        """The rule-adjusted log-probabilities of ``toks`` after a state."""
+        scores = self.rule_scores(st)
+        t = torch.from_numpy(np.asarray(toks, np.int64)).to(scores.x.device)
+        return scores.at(torch.zeros_like(t), t).double().cpu().numpy()
+
+    def draw(self, w: _Walker):
+        """One step of a walker: ("end", None), ("token", t) or ("reject", zero_mass)."""
+        automaton, opts, rng = self.automaton, self.opts, w.rng
+        eos = self.model.eos_id
+        arcs = automaton.arcs(w.node)
+        comp = ~arcs.prefix
+        toks, tgts = arcs.tokens[comp], arcs.targets[comp]
+        edits = automaton.final_edits(w.node)
+        final = edits >= 0
+        if final and (len(toks) == 0 or opts.first_match) and not self.rules.eos:
+            self.finish(w, edits)
+            return "end", None
+        if len(w.tokens) >= opts.max_tokens:
+            toks = toks[:0]  # no room for more tokens: only the end of text remains
+        can_end = final and eos is not None
+        if self.exact:
+            t = _draw_full(rng, w.state, self.rule_scores(w.state))
+            if t == eos and can_end:
+                self.finish(w, edits, float(self.rule_at(w.state, [eos])[0]))
+                return "end", None
+            hit = np.flatnonzero(toks == t) if t != eos else []
+            if not len(hit):
+                return "reject", False
+            k = int(hit[0])
+            lp = float(self.rule_at(w.state, [t])[0])
+        else:
+            options = self.rule_at(w.state, np.concatenate([toks, [eos]]) if can_end else toks) \
+                if len(toks) or can_end else np.zeros(0)
+            lps = options[:len(toks)]
+            p = np.exp(options)
+            z = p.sum()
+            if not z > 0:
+                return "reject", True  # a dead end: every allowed token was ruled out
+            k = min(int(np.searchsorted(np.cumsum(p), rng.random() * z, side="right")), len(p) - 1)
+            w.weight *= z
+            if can_end and k == len(lps):
+                self.finish(w, edits, float(options[-1]))
+                return "end", None
+            t, lp = int(toks[k]), float(lps[k])
+        w.tokens.append(int(t))
+        w.cond += lp
+        w.node = int(tgts[k])
+        return "token", int(t)
 
 
 def _draw_full(rng: random.Random, state: ModelState, scores: RuleScores) -> int:

@@ -23,7 +23,7 @@ import itertools
 import math
 import threading
 from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from typing import Generator, Iterator, List, Optional
 
 import numpy as np
 import torch
@@ -31,14 +31,14 @@ import torch
 from ..automata.tokens import Arcs, TokenAutomaton
 from ..memory import shares
 from ..models.base import LanguageModel, ModelState
+from ..records import Cancelled, Decoding, ExecutionError, ShortestPath, Stop
 from .decoding import RuleScores
-from .options import Cancelled, Decoding, ExecutionError, ShortestPath, Stop
 from .rows import Row, make_row
 
 CHUNK = 256  # children kept per node; more are recomputed when needed
 NODE_BYTES = 400  # a search node and its queue entry, as Python objects (measured: about 330)
 
-_CHILD, _RESULT, _MORE = 0, 1, 2
+CHILD, RESULT, MORE = 0, 1, 2  # kinds of queue entries (see ShortestPathSearch)
 
 
 class _Node:
@@ -112,107 +112,184 @@ def candidates(arcs: Arcs, kept: Optional[np.ndarray]) -> Arcs:
 def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opts: ShortestPath,
                   cancel: Optional[threading.Event] = None, stats: Optional[SearchStats] = None) -> Iterator[Row]:
     """Rows in non-increasing order of ``opts.order``, exactly, as soon as each is certain."""
-    rules, opts = rules.check(), opts.check()
-    stats = stats if stats is not None else SearchStats()
-    budget = shares(opts.max_memory)
-    model.set_cache_budget(budget.kv)
-    automaton.set_cache_budget(budget.automaton)
-    by_prob = opts.order == "prob"
-    eos = model.eos_id
-    vocab = model.vocabulary
-    tie = itertools.count()
-    heap: list = []
-    prefix_expanded = 0
-    found = 0
-    kid_bytes = 0   # stored children
-    nodes = 0       # nodes made (an upper bound on those alive)
-    row_at = 0      # nodes expanded when the last row was released
+    yield from ShortestPathSearch(automaton, model, rules, opts, stats).rows(cancel)
 
-    def node_key(pre_raw, cond, prefix_phase):
-        if by_prob:
+
+class ShortestPathSearch:
+    """One exact best-first search and its state: the priority ``queue`` of entries ``(key, tie,
+    kind, node, arg)`` (kind CHILD: child ``arg`` of the stored children of ``node``; MORE: the
+    chunk of ``node``'s children from ``arg`` on, to be made again; RESULT: ``node``'s string,
+    with ``arg`` edits), the ``batch`` of ``(chain, first child)`` that the next model call
+    expands, and what the bounds read: nodes made, bytes of stored children, rows ``found``."""
+
+    def __init__(self, automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opts: ShortestPath,
+                 stats: Optional[SearchStats] = None):
+        self.automaton, self.model = automaton, model
+        self.rules, self.opts = rules.check(), opts.check()
+        self.stats = stats if stats is not None else SearchStats()
+        self.budget = shares(self.opts.max_memory)
+        model.set_cache_budget(self.budget.kv)
+        automaton.set_cache_budget(self.budget.automaton)
+        self.by_prob = self.opts.order == "prob"
+        self.queue: list = []
+        self.batch: list = []
+        self.found = 0            # rows released
+        self.prefix_expanded = 0  # prefix nodes (and the root) expanded
+        self.kid_bytes = 0        # stored children
+        self.nodes = 0            # nodes made (an upper bound on those alive)
+        self.row_at = 0           # nodes expanded when the last row was released
+        self._tie = itertools.count()
+
+    def rows(self, cancel: Optional[threading.Event] = None) -> Iterator[Row]:
+        """The rows in order, until the language is exhausted, the limit is reached or a bound
+        stops the search (``stats.stop``)."""
+        if self.opts.limit == 0:
+            return
+        self.consider(_Node(None, None, self.automaton.start, True, 0, 0, 0.0, 0.0, self.node_key(0.0, 0.0, True)))
+        while self.batch or self.queue:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("the query was cancelled")
+            if (yield from self.fill(cancel)):
+                return
+            if self.batch:
+                stop = self.bound()
+                if stop is not None:
+                    self.stats.stop = stop  # a budget, not an order: rows released so far are exact
+                    return
+                self.expand()
+
+    def fill(self, cancel: Optional[threading.Event] = None) -> Generator[Row, None, bool]:
+        """Take entries from the queue until the batch is full: release the results nothing in the
+        batch is cheaper than, as rows, and put nodes in the batch. True once the limit is reached."""
+        opts, queue = self.opts, self.queue
+        held = []
+        while queue and len(self.batch) < opts.batch_size:
+            key, _, kind, node, arg = queue[0]
+            if kind == RESULT:
+                if self.batch or held:
+                    # cheaper nodes in the batch must be expanded first; meanwhile fill the batch
+                    # with the next nodes (the model call costs about the same)
+                    held.append(heapq.heappop(queue))
+                    continue
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled("the query was cancelled")
+                heapq.heappop(queue)
+                cond = -key[1] if self.by_prob else -key[1] - node.pre_raw
+                yield make_row(self.model.vocabulary, node.tokens(), node.npre, cond, node.pre_raw + cond, arg,
+                               self.found + 1)
+                self.found += 1
+                self.stats.rows = self.found
+                self.row_at = self.stats.expanded
+                if opts.limit is not None and self.found >= opts.limit:
+                    return True
+                continue
+            heapq.heappop(queue)
+            if kind == MORE:
+                self.batch.append(([node], arg))
+                continue
+            child = self.materialize(node, arg)
+            self.next_sibling(node, arg)
+            self.consider(child)
+        for entry in held:
+            heapq.heappush(queue, entry)
+        return False
+
+    def node_key(self, pre_raw: float, cond: float, prefix_phase: bool) -> tuple:
+        """The queue key of a node: prefix nodes first under ``prob``."""
+        if self.by_prob:
             return (0, -pre_raw) if prefix_phase else (1, -cond)
         return (0, -(pre_raw + cond))
 
-    def result_key(pre_raw, cond):
-        return (1, -cond) if by_prob else (0, -(pre_raw + cond))
+    def result_key(self, pre_raw: float, cond: float) -> tuple:
+        """The queue key of a result."""
+        return (1, -cond) if self.by_prob else (0, -(pre_raw + cond))
 
-    def push(key, kind, node, arg=0):
-        heapq.heappush(heap, (key, next(tie), kind, node, arg))
+    def push(self, key: tuple, kind: int, node: _Node, arg=0) -> None:
+        """Queue an entry (ties go first in, first out)."""
+        heapq.heappush(self.queue, (key, next(self._tie), kind, node, arg))
 
-    def row(node, cond, edits):
-        return make_row(vocab, node.tokens(), node.npre, cond, node.pre_raw + cond, edits, found + 1)
+    def held(self) -> int:
+        """Bytes held by the queue, the stored children and the nodes made (an estimate)."""
+        return self.kid_bytes + (self.nodes + len(self.queue)) * NODE_BYTES
 
-    def materialize(parent: _Node, i: int) -> _Node:
-        nonlocal nodes
+    def materialize(self, parent: _Node, i: int) -> _Node:
+        """Stored child ``i`` of ``parent`` as a node."""
         toks, states, pre, raw, rule = parent.kids[:5]
         is_pre = bool(pre[i])
-        nodes += 1
+        self.nodes += 1
         return _Node(parent, int(toks[i]), int(states[i]), is_pre, parent.npre + is_pre,
                      parent.ncomp + (not is_pre), parent.pre_raw + (float(raw[i]) if is_pre else 0.0),
                      parent.cond + (0.0 if is_pre else float(rule[i])), parent.kid_key(i))
 
-    def store_kids(node: _Node, kids) -> None:
-        nonlocal kid_bytes
+    def store_kids(self, node: _Node, kids) -> None:
+        """Replace a node's stored children (None: drop them), keeping ``kid_bytes``."""
         if node.kids is not None:
-            kid_bytes -= sum(a.nbytes for a in node.kids)
+            self.kid_bytes -= sum(a.nbytes for a in node.kids)
         node.kids = kids
         if kids is not None:
-            kid_bytes += sum(a.nbytes for a in kids)
+            self.kid_bytes += sum(a.nbytes for a in kids)
 
-    def next_sibling(parent: _Node, i: int):
+    def next_sibling(self, parent: _Node, i: int) -> None:
+        """Child ``i`` of ``parent`` left the queue: queue the next one (or the next chunk)."""
         if i + 1 < len(parent.kids[0]):
-            push(parent.kid_key(i + 1), _CHILD, parent, i + 1)
+            self.push(parent.kid_key(i + 1), CHILD, parent, i + 1)
         elif parent.more:
-            push(parent.kid_key(i), _MORE, parent, parent.more)
-            store_kids(parent, None)  # made again, from the next chunk on, if ever needed
+            self.push(parent.kid_key(i), MORE, parent, parent.more)
+            self.store_kids(parent, None)  # made again, from the next chunk on, if ever needed
         else:
-            store_kids(parent, None)  # every child is in the queue or expanded
+            self.store_kids(parent, None)  # every child is in the queue or expanded
 
-    def stops(state: int) -> bool:
+    def stops(self, state: int) -> bool:
         """With ``first_match``: the generation begins with a string of the language here, so the
         search goes no further (only on to other prefixes)."""
-        return opts.first_match and not rules.eos and automaton.is_final(state)
+        return self.opts.first_match and not self.rules.eos and self.automaton.is_final(state)
 
-    def expandable(node: _Node) -> bool:
-        if rules.eos and automaton.is_final(node.state):
+    def expandable(self, node: _Node) -> bool:
+        """Whether a node can have a child or, with ``eos``, a result that needs its distribution."""
+        automaton, opts = self.automaton, self.opts
+        if self.rules.eos and automaton.is_final(node.state):
             return True
         if node.ncomp >= opts.max_tokens and node.npre >= opts.max_prefix_tokens:
             return False
         arcs = automaton.arcs(node.state)
-        if stops(node.state):
+        if self.stops(node.state):
             return arcs.n_prefix > 0 and node.npre < opts.max_prefix_tokens
         return len(arcs) > 0
 
-    def forced(node: _Node):
+    def forced(self, node: _Node):
         """The token and state of a prefix node's only way on, if it has exactly one and the text
         cannot end at it."""
-        if not node.prefix or node.npre >= opts.max_prefix_tokens or automaton.is_final(node.state):
+        automaton = self.automaton
+        if not node.prefix or node.npre >= self.opts.max_prefix_tokens or automaton.is_final(node.state):
             return None
         arcs = automaton.arcs(node.state)
         if len(arcs) != 1 or not arcs.prefix[0]:
             return None
         return int(arcs.tokens[0]), int(arcs.targets[0])
 
-    def consider(node: _Node, batch: list):
-        """A node just taken from the queue: release its result (without eos) and queue its
-        expansion, through any chain of forced prefix tokens below it (one model call for all)."""
-        if not rules.eos:
-            edits = automaton.final_edits(node.state)
+    def consider(self, node: _Node) -> None:
+        """A node just taken from the queue: queue its result (without eos) and put its expansion
+        in the batch, through any chain of forced prefix tokens below it (one model call for all)."""
+        if not self.rules.eos:
+            edits = self.automaton.final_edits(node.state)
             if edits >= 0:
-                push(result_key(node.pre_raw, node.cond), _RESULT, node, edits)
+                self.push(self.result_key(node.pre_raw, node.cond), RESULT, node, edits)
         chain = [node]
-        step = forced(node)
+        step = self.forced(node)
         while step is not None:
             nxt = _Node(chain[-1], step[0], step[1], True, chain[-1].npre + 1, 0, chain[-1].pre_raw, 0.0, None)
             chain.append(nxt)
-            step = forced(nxt)
-        if len(chain) > 1 or expandable(node):
-            batch.append((chain, 0))  # a chain is read even to its end, for its probabilities
+            step = self.forced(nxt)
+        if len(chain) > 1 or self.expandable(node):
+            self.batch.append((chain, 0))  # a chain is read even to its end, for its probabilities
 
-    def expand(batch: list):
-        nonlocal prefix_expanded
+    def expand(self) -> None:
+        """One model call for the batch: queue each node's results with ``eos`` and its best child,
+        keeping a chunk of its children sorted."""
+        automaton, model, rules, opts, stats = self.automaton, self.model, self.rules, self.opts, self.stats
+        eos = model.eos_id
         parents, toks_in = [], []
-        for chain, _ in batch:
+        for chain, _ in self.batch:
             head = chain[0]
             fed = [n.token for n in chain if n.token is not None]
             if head.parent is None:
@@ -222,18 +299,19 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
                 parents.append(ModelState((model.bos_id, *p.tokens()), None, None, p.cache))
             toks_in.append(fed)
         outs = model.extend(parents, toks_in)
-        stats.expanded += sum(len(chain) for chain, chunk in batch if chunk == 0)
-        for (chain, _), out in zip(batch, outs):
+        stats.expanded += sum(len(chain) for chain, chunk in self.batch if chunk == 0)
+        for (chain, _), out in zip(self.batch, outs):
             if len(chain) > 1:  # forced prefix tokens read in one go: their probabilities
                 for n, lp in zip(chain[1:], out.token_logprobs[-(len(chain) - 1):]):
                     n.pre_raw = n.parent.pre_raw + float(lp)
-                    n.key = node_key(n.pre_raw, 0.0, True)
-                prefix_expanded += len(chain) - 1
+                    n.key = self.node_key(n.pre_raw, 0.0, True)
+                self.prefix_expanded += len(chain) - 1
                 if not rules.eos:
                     edits = automaton.final_edits(chain[-1].state)
                     if edits >= 0:
-                        push(result_key(chain[-1].pre_raw, 0.0), _RESULT, chain[-1], edits)
-        batch = [(chain[-1], chunk) for chain, chunk in batch]
+                        self.push(self.result_key(chain[-1].pre_raw, 0.0), RESULT, chain[-1], edits)
+        batch = [(chain[-1], chunk) for chain, chunk in self.batch]
+        self.batch = []
         raw = stacked(outs)
         scores = RuleScores(raw, rules)
         arcs = [candidates(automaton.arcs(node.state), scores.kept[b] if scores.kept else None)
@@ -250,20 +328,20 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
             if node.cache is None:
                 node.cache = out.cache
             if node.prefix or node.parent is None:
-                prefix_expanded += chunk == 0
+                self.prefix_expanded += chunk == 0
             n = len(a)
             lr, lu = raw_all[start:start + n], rule_all[start:start + n]
             start += n
             if chunk == 0 and rules.eos:
                 edits = automaton.final_edits(node.state)
                 if edits >= 0 and eos_rule[b] > -math.inf:
-                    push(result_key(node.pre_raw, node.cond + eos_rule[b]), _RESULT, node, edits)
+                    self.push(self.result_key(node.pre_raw, node.cond + eos_rule[b]), RESULT, node, edits)
             keep = np.where(a.prefix, node.npre < opts.max_prefix_tokens,
-                            (lu > -math.inf) & (node.ncomp < opts.max_tokens) & (not stops(node.state)))
+                            (lu > -math.inf) & (node.ncomp < opts.max_tokens) & (not self.stops(node.state)))
             if not keep.any():
                 continue
             t, s, p, rr, ru = a.tokens[keep], a.targets[keep], a.prefix[keep], lr[keep], lu[keep]
-            if by_prob:
+            if self.by_prob:
                 tier = np.where(p, 0, 1)
                 val = np.where(p, -(node.pre_raw + rr), -(node.cond + ru))
             else:
@@ -272,70 +350,27 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
             order = np.lexsort((val, tier))[chunk:chunk + CHUNK]
             if not len(order):
                 continue
-            store_kids(node, (t[order], s[order], p[order], rr[order], ru[order], tier[order].astype(np.int8),
-                              val[order]))
+            self.store_kids(node, (t[order], s[order], p[order], rr[order], ru[order], tier[order].astype(np.int8),
+                                   val[order]))
             node.more = chunk + CHUNK if chunk + CHUNK < len(t) else 0
-            push(node.kid_key(0), _CHILD, node, 0)
-        stats.prefix = prefix_expanded
-        if by_prob and prefix_expanded > opts.max_prefix_nodes:
+            self.push(node.kid_key(0), CHILD, node, 0)
+        stats.prefix = self.prefix_expanded
+        if self.by_prob and self.prefix_expanded > opts.max_prefix_nodes:
             raise ExecutionError(
                 f"ORDER BY prob needs the distribution after every prefix, and this prefix has more than "
                 f"{opts.max_prefix_nodes:,} token paths", hint="use ORDER BY total_prob, a canonical prefix "
                 "tokenization, or a narrower PREFIX")
 
-    def bound() -> Optional[Stop]:
-        """The bound that stops the search before its next model call, if one does."""
-        held = kid_bytes + (nodes + len(heap)) * NODE_BYTES
+    def bound(self) -> Optional[Stop]:
+        """The bound that stops the search before its next model call, if one does (and the most
+        bytes held, in ``stats.held``)."""
+        opts, stats = self.opts, self.stats
+        held = self.held()
         stats.held = max(stats.held, held)
         if opts.max_nodes is not None and stats.expanded >= opts.max_nodes:
-            return Stop("max_nodes", opts.max_nodes, found)
-        if opts.max_nodes_per_row is not None and stats.expanded - row_at >= opts.max_nodes_per_row:
-            return Stop("max_nodes_per_row", opts.max_nodes_per_row, found)
-        if held > budget.traversal:
-            return Stop("max_memory", opts.max_memory, found)
+            return Stop("max_nodes", opts.max_nodes, self.found)
+        if opts.max_nodes_per_row is not None and stats.expanded - self.row_at >= opts.max_nodes_per_row:
+            return Stop("max_nodes_per_row", opts.max_nodes_per_row, self.found)
+        if held > self.budget.traversal:
+            return Stop("max_memory", opts.max_memory, self.found)
         return None
-
-    if opts.limit == 0:
-        return
-    root = _Node(None, None, automaton.start, True, 0, 0, 0.0, 0.0, node_key(0.0, 0.0, True))
-    batch: list = []
-    consider(root, batch)
-    while batch or heap:
-        if cancel is not None and cancel.is_set():
-            raise Cancelled("the query was cancelled")
-        held = []
-        while heap and len(batch) < opts.batch_size:
-            key, _, kind, node, arg = heap[0]
-            if kind == _RESULT:
-                if batch or held:
-                    # cheaper nodes in the batch must be expanded first; meanwhile fill the batch
-                    # with the next nodes (the model call costs about the same)
-                    held.append(heapq.heappop(heap))
-                    continue
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled("the query was cancelled")
-                heapq.heappop(heap)
-                cond = -key[1] if by_prob else -key[1] - node.pre_raw
-                yield row(node, cond, arg)
-                found += 1
-                stats.rows = found
-                row_at = stats.expanded
-                if opts.limit is not None and found >= opts.limit:
-                    return
-                continue
-            heapq.heappop(heap)
-            if kind == _MORE:
-                batch.append(([node], arg))
-                continue
-            child = materialize(node, arg)
-            next_sibling(node, arg)
-            consider(child, batch)
-        for entry in held:
-            heapq.heappush(heap, entry)
-        if batch:
-            stop = bound()
-            if stop is not None:
-                stats.stop = stop  # a budget, not an order: rows released so far are exact
-                return
-            expand(batch)
-            batch = []

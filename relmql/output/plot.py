@@ -30,7 +30,8 @@ def plot(columns: Sequence[str], rows: Sequence[tuple], path: str, kind: Optiona
 
     ``kind``: "bar", "cumulative", "cdf" or None (chosen from the columns); ``log``: a log scale on
     the value axis; ``times``: when each row arrived (seconds since the query started);
-    ``kinds``: the columns' display kinds (text, number, rank, bool), a hint to the values'."""
+    ``kinds``: the columns' kinds (``relmql.records.KINDS``, as the plan's outputs declare them), a
+    hint to the values'."""
     fmt = check_path(path)
     import matplotlib
     with matplotlib.rc_context(_RC):

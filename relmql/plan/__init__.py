@@ -1,6 +1,8 @@
-"""The planner: a parsed query → a typed ``QueryPlan`` (every option checked), and EXPLAIN.
+"""The planner: a parsed query → a typed ``QueryPlan`` (every option checked).
 
-Entry point: ``plan(query, source, settings, params)``.
+Entry point: ``plan(query, source, settings, params)``. It makes the records of ``relmql.records`` and
+imports no later stage: planning loads neither the compiler nor the executor. EXPLAIN, which needs
+both, is ``relmql.explain``.
 """
 
 from .expr import AGGREGATES, FUNCTIONS, Env, escape, evaluate

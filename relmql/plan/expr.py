@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from .. import stats
+from ..records import COLUMN_KINDS
 from ..syntax import ast as A
 from .options import PlanError
 
@@ -77,17 +78,19 @@ def _round(x, n=0):
 
 @dataclass(frozen=True)
 class Function:
-    """A scalar function: ``impl`` on argument values; ``types`` names each argument's type."""
+    """A scalar function: ``impl`` on argument values; ``types`` names each argument's type, ``kind``
+    the kind of its values (``relmql.records.KINDS``)."""
 
     name: str
     impl: Callable
     types: tuple
     optional: int
     doc: str
+    kind: str = "text"
 
 
-def _f(name, impl, types, doc, optional=0):
-    return Function(name, impl, types, optional, doc)
+def _f(name, impl, types, doc, optional=0, kind="text"):
+    return Function(name, impl, types, optional, doc, kind)
 
 
 FUNCTIONS: Dict[str, Function] = {f.name: f for f in (
@@ -106,21 +109,21 @@ FUNCTIONS: Dict[str, Function] = {f.name: f for f in (
     _f("lower", str.lower, ("text",), "lower case"),
     _f("upper", str.upper, ("text",), "upper case"),
     _f("trim", str.strip, ("text",), "without leading and trailing whitespace"),
-    _f("length", len, ("any",), "characters of a text, items of a list or tokens"),
-    _f("round", _round, ("number", "int"), "a number rounded to n decimals", optional=1),
-    _f("exp", math.exp, ("number",), "e to the power x"),
-    _f("ln", lambda x: math.log(x) if x > 0 else -math.inf, ("number",), "the natural logarithm"),
+    _f("length", len, ("any",), "characters of a text, items of a list or tokens", kind="number"),
+    _f("round", _round, ("number", "int"), "a number rounded to n decimals", optional=1, kind="number"),
+    _f("exp", math.exp, ("number",), "e to the power x", kind="number"),
+    _f("ln", lambda x: math.log(x) if x > 0 else -math.inf, ("number",), "the natural logarithm", kind="number"),
     _f("abs", abs, ("number",), "the absolute value"),
     _f("ci_low", lambda x: stats.ci_bound(x, "low"), ("number",),
-       "the lower end of probability()'s interval (the value itself when exact)"),
+       "the lower end of probability()'s interval (the value itself when exact)", kind="number"),
     _f("ci_high", lambda x: stats.ci_bound(x, "high"), ("number",),
-       "the upper end of probability()'s interval (the value itself when exact)"),
+       "the upper end of probability()'s interval (the value itself when exact)", kind="number"),
     _f("wilson_low", lambda k, n, c=stats.DEFAULT_CONFIDENCE: stats.wilson(k, n, c)[0],
        ("number", "number", "number"), "the lower end of the Wilson interval of k successes in n trials "
-       "(confidence 0.95 unless given)", optional=1),
+       f"(confidence {stats.DEFAULT_CONFIDENCE:g} unless given)", optional=1, kind="number"),
     _f("wilson_high", lambda k, n, c=stats.DEFAULT_CONFIDENCE: stats.wilson(k, n, c)[1],
        ("number", "number", "number"), "the upper end of the Wilson interval of k successes in n trials",
-       optional=1),
+       optional=1, kind="number"),
 )}
 
 AGGREGATES = {"count": "the number of rows (or of non-NULL values)", "sum": "the sum of the values",
@@ -130,9 +133,20 @@ AGGREGATES = {"count": "the number of rows (or of non-NULL values)", "sum": "the
                              "mean over the prefix's token paths that fix the same GROUP BY keys): exact (summed "
                              "over the language) or, for languages too large to enumerate, estimated by "
                              "sampling with an interval"}
+NUMBER_AGGREGATES = ("count", "sum", "avg", "probability")  # the others' values are of any kind
 NULLARY_AGGREGATES = ("probability",)
 ROW_FUNCTIONS = {"group": "a capture group of MATCHING in the row's text: group(1), group('name')",
                  "coalesce": "the first argument that is not NULL"}
+
+
+def kind(node: A.Node) -> str:
+    """The kind (``relmql.records.KINDS``) of the values of ``node``, as its column or function
+    declares it; "text" where neither does."""
+    if isinstance(node, A.Column):
+        return COLUMN_KINDS.get(node.name, "text")
+    if isinstance(node, A.Call) and node.name in FUNCTIONS:
+        return FUNCTIONS[node.name].kind
+    return "number" if isinstance(node, A.Call) and node.name in NUMBER_AGGREGATES else "text"
 
 
 def is_aggregate(node) -> bool:

@@ -6,12 +6,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from ..automata.fsa import EDIT_SCOPES
-from ..automata.language import DEFAULT_MAX_STATES
-from ..automata.tokens import TOKENIZATIONS
 from ..errors import Error, closest
-from ..execute.options import MAX_NODES_PER_ROW, MAX_PREFIX_TOKENS
 from ..memory import DEFAULT_MAX_MEMORY, format_size, parse_size
+from ..models import DEFAULT_MODEL
+from ..records import (DEFAULT_MAX_STATES, EDIT_SCOPES, ESTIMATE_SAMPLES, EXACT_LIMIT, MAX_EDITS,
+                       MAX_NODES_PER_ROW, MAX_PREFIX_TOKENS, MAX_TOKENS, SAMPLE_BATCH_SIZE, SAMPLING_MODES,
+                       SEARCH_BATCH_SIZE, TOKENIZATIONS, CompileOptions, Decoding, Sample)
+from ..stats import DEFAULT_CONFIDENCE
 
 
 class PlanError(Error):
@@ -102,18 +103,19 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
     OptionSpec("topp", "float", None, "decoding",
                "keep only the most probable next tokens that reach probability p (completion only)",
                low=0, high=1, low_open=True),
-    OptionSpec("temperature", "float", 1.0, "decoding", "divide the logits by this", low=0, low_open=True),
-    OptionSpec("eos", "bool", False, "decoding", "a string must be followed by the end-of-text token"),
-    OptionSpec("tokenization", "choice", "canonical", "compile",
+    OptionSpec("temperature", "float", Decoding.temperature, "decoding", "divide the logits by this", low=0,
+               low_open=True),
+    OptionSpec("eos", "bool", Decoding.eos, "decoding", "a string must be followed by the end-of-text token"),
+    OptionSpec("tokenization", "choice", CompileOptions.tokenization, "compile",
                "completion token sequences: canonical (what the tokenizer produces) or all", TOKENIZATIONS),
-    OptionSpec("prefix_tokenization", "choice", "canonical", "compile",
+    OptionSpec("prefix_tokenization", "choice", CompileOptions.prefix_tokenization, "compile",
                "prefix token sequences: canonical or all", TOKENIZATIONS),
-    OptionSpec("edits", "int", 0, "compile", "allow up to n character edits (insert, delete, substitute)",
-               low=0, high=64),
-    OptionSpec("edit_scope", "choice", "all", "compile", "where edits may fall: all, prefix or completion",
-               EDIT_SCOPES),
+    OptionSpec("edits", "int", CompileOptions.edits, "compile",
+               "allow up to n character edits (insert, delete, substitute)", low=0, high=MAX_EDITS),
+    OptionSpec("edit_scope", "choice", CompileOptions.edit_scope, "compile",
+               "where edits may fall: all, prefix or completion", EDIT_SCOPES),
     OptionSpec("max_states", "int", DEFAULT_MAX_STATES, "compile", "the largest byte automaton allowed", low=1),
-    OptionSpec("max_tokens", "int", 64, "traversal", "the longest completion, in tokens", low=1),
+    OptionSpec("max_tokens", "int", MAX_TOKENS, "traversal", "the longest completion, in tokens", low=1),
     OptionSpec("max_nodes", "int", None, "traversal",
                "ranking queries: stop searching after this many search nodes (rows found are still exact, "
                "in order; later ones may be missing)", low=1),
@@ -126,18 +128,19 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
                "more stops, keeping the rows it found", low=64 * 2 ** 20),
     OptionSpec("max_prefix_tokens", "int", MAX_PREFIX_TOKENS, "traversal", "the longest prefix, in tokens", low=1),
     OptionSpec("batch_size", "int", None, "traversal",
-               "nodes (shortest path) or samples (SAMPLE) per model call; default 32 and 64", low=1),
-    OptionSpec("sampling", "choice", "local", "traversal",
+               f"nodes (shortest path) or samples (SAMPLE) per model call; default {SEARCH_BATCH_SIZE} and "
+               f"{SAMPLE_BATCH_SIZE}", low=1),
+    OptionSpec("sampling", "choice", Sample.mode, "traversal",
                "SAMPLE draws: local (renormalized over the language, with importance weights) or exact "
-               "(rejection: the model's distribution conditioned on the language)", ("local", "exact")),
-    OptionSpec("seed", "int", 0, "traversal", "random seed of SAMPLE", low=0),
-    OptionSpec("exact_limit", "int", 10_000, "traversal",
+               "(rejection: the model's distribution conditioned on the language)", SAMPLING_MODES),
+    OptionSpec("seed", "int", Sample.seed, "traversal", "random seed of SAMPLE", low=0),
+    OptionSpec("exact_limit", "int", EXACT_LIMIT, "traversal",
                "probability(): sum exactly over languages of at most this many token sequences; estimate "
                "larger ones by sampling", low=0),
-    OptionSpec("estimate_samples", "int", 1000, "traversal",
+    OptionSpec("estimate_samples", "int", ESTIMATE_SAMPLES, "traversal",
                "probability(): the draws behind an estimate (SAMPLE n sets them and always estimates)", low=1),
-    OptionSpec("confidence", "float", 0.95, "traversal", "the confidence level of intervals and estimates",
-               low=0, high=1, low_open=True, high_open=True),
+    OptionSpec("confidence", "float", DEFAULT_CONFIDENCE, "traversal",
+               "the confidence level of intervals and estimates", low=0, high=1, low_open=True, high_open=True),
     OptionSpec("test_draws", "int", 5000, "test",
                "TEST INDEPENDENCE over probabilities: how many draws per value of the first variable they "
                "stand for (the ReLM paper drew 5000 per gender)", low=1),
@@ -146,7 +149,7 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
                "model weights: float32 (exact), or bfloat16, float16 or auto (the fastest the hardware runs "
                "natively): faster, with approximate probabilities", ("float32", "bfloat16", "float16", "auto"),
                session_only=True),
-    OptionSpec("model", "text", "smollm2-135m", "model",
+    OptionSpec("model", "text", DEFAULT_MODEL, "model",
                "the default model: a built-in name, a local directory or a hub id", session_only=True),
     OptionSpec("threads", "int", None, "session",
                "CPU threads of the model's arithmetic, in this process or (engine ray) in each worker "

@@ -5,16 +5,16 @@ from __future__ import annotations
 import csv
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
-from ..automata import CompileOptions
 from ..errors import Error, closest
-from ..execute import COLUMNS, COMPUTED_COLUMNS, Decoding, Measure, Sample, ShortestPath
+from ..records import (COLUMNS, COMPUTED_COLUMNS, SAMPLE_BATCH_SIZE, SEARCH_BATCH_SIZE, CompileOptions, Decoding,
+                       Measure, Sample, ShortestPath, Traversal)
 from ..syntax import ast as A
 from ..syntax import string_literal_at, unparse
-from .expr import AGGREGATES, Env, check_calls, escape, evaluate, is_aggregate
+from .expr import AGGREGATES, Env, check_calls, escape, evaluate, is_aggregate, kind
 from .options import OPTIONS, PlanError, option
 
 ORDER_COLUMNS = {"prob": "prob", "total_prob": "total_prob", "logprob": "prob", "total_logprob": "total_prob"}
@@ -33,10 +33,16 @@ class ModelRef:
 
 @dataclass(frozen=True)
 class Output:
-    """One output column: its name and the expression that computes it."""
+    """One output column: its name, the expression that computes it and the kind of its values
+    (``relmql.records.KINDS``), which tells the faces how to show them."""
 
     name: str
     expr: A.Node
+    kind: str
+
+
+def _output(name: str, expr: A.Node) -> Output:
+    return Output(name=name, expr=expr, kind=kind(expr))
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,7 @@ class QueryPlan:
     prefix: Optional[str]
     compile: CompileOptions
     decoding: Decoding
-    traversal: Union[ShortestPath, Sample]
+    traversal: Traversal
     outputs: Tuple[Output, ...]
     where: Optional[A.Node] = None
     group_by: Tuple[A.Node, ...] = ()
@@ -208,8 +214,8 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
         model_name = constant(query.model, params, source, "FROM")
         if not isinstance(model_name, str):
             raise PlanError(f"FROM needs a model name, not {model_name!r}", query.model.span, source)
-    model = ModelRef(model_name, opts["device"], opts["dtype"])
-    decoding = Decoding(temperature=opts["temperature"], topk=opts["topk"], topp=opts["topp"], eos=opts["eos"])
+    model = ModelRef(name=model_name, device=opts["device"], dtype=opts["dtype"])
+    decoding = Decoding(**{name: opts[name] for name, spec in OPTIONS.items() if spec.where == "decoding"})
     if query.sample is not None and query.order:
         raise PlanError("a query either samples (SAMPLE n) or ranks (ORDER BY), not both", query.order[0].span, source)
     limit = _count(query.limit, params, source, "LIMIT") if query.limit is not None else None
@@ -240,9 +246,9 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
         n = _count(query.sample, params, source, "SAMPLE")
         if push is not None:
             n = min(n, push)
-        traversal = Sample(n, seed=opts["seed"], mode=opts["sampling"], max_tokens=opts["max_tokens"],
-                           batch_size=opts["batch_size"] or 64, max_prefix_tokens=opts["max_prefix_tokens"],
-                           max_memory=opts["max_memory"])
+        traversal = Sample(n=n, seed=opts["seed"], mode=opts["sampling"], max_tokens=opts["max_tokens"],
+                           batch_size=opts["batch_size"] or SAMPLE_BATCH_SIZE,
+                           max_prefix_tokens=opts["max_prefix_tokens"], max_memory=opts["max_memory"])
     else:
         order = "prob"
         if query.order:
@@ -258,22 +264,26 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
                                 source)
             order = ORDER_COLUMNS[key.column]
         traversal = ShortestPath(order=order, limit=push, max_tokens=opts["max_tokens"],
-                                 batch_size=opts["batch_size"] or 32, max_prefix_tokens=opts["max_prefix_tokens"],
+                                 batch_size=opts["batch_size"] or SEARCH_BATCH_SIZE,
+                                 max_prefix_tokens=opts["max_prefix_tokens"],
                                  max_nodes=opts["max_nodes"], max_nodes_per_row=opts["max_nodes_per_row"],
                                  max_memory=opts["max_memory"])
         if not query.select and order == "total_prob":
-            outputs = tuple(Output(c, A.Column(c)) for c in ("rank", "text", "total_prob"))
+            outputs = tuple(_output(c, A.Column(c)) for c in ("rank", "text", "total_prob"))
     compile_options = CompileOptions(tokenization=opts["tokenization"], prefix_tokenization=opts["prefix_tokenization"],
                                      edits=opts["edits"], edit_scope=opts["edit_scope"], exclude=tuple(exclude),
                                      max_states=opts["max_states"])
     m_off = string_literal_at(source, query.matching.span) if isinstance(query.matching, A.Literal) else None
     p_off = string_literal_at(source, query.prefix.span) if isinstance(query.prefix, A.Literal) else None
-    return QueryPlan(source, model, matching, prefix, compile_options, decoding, traversal, outputs, where,
-                     group_by, aggregate, limit, tuple(sorted(params.items(), key=lambda kv: kv[0])),
-                     groups, query.matching.span, query.prefix.span if query.prefix is not None else None,
-                     query.model.span if query.model is not None else None,
-                     tuple(m_off) if m_off else None, tuple(p_off) if p_off else None,
-                     _test(query.test, outputs, aggregate, source, opts["test_draws"]))
+    return QueryPlan(source=source, model=model, matching=matching, prefix=prefix, compile=compile_options,
+                     decoding=decoding, traversal=traversal, outputs=outputs, where=where, group_by=group_by,
+                     aggregate=aggregate, limit=limit, params=tuple(sorted(params.items(), key=lambda kv: kv[0])),
+                     group_names=groups, matching_span=query.matching.span,
+                     prefix_span=query.prefix.span if query.prefix is not None else None,
+                     model_span=query.model.span if query.model is not None else None,
+                     matching_offsets=tuple(m_off) if m_off else None,
+                     prefix_offsets=tuple(p_off) if p_off else None,
+                     test=_test(query.test, outputs, aggregate, source, opts["test_draws"]))
 
 
 def _options(query: A.Query, source: str, settings, params) -> Dict[str, Any]:
@@ -317,14 +327,14 @@ def _select(query: A.Query, source: str, groups) -> Tuple[Tuple[Output, ...], bo
     items: List[Output] = []
     for item in query.select:
         if isinstance(item.expr, A.Star):
-            items.extend(Output(c, A.Column(c)) for c in COLUMNS)
+            items.extend(_output(c, A.Column(c)) for c in COLUMNS)
             continue
         check_calls(item.expr, source, allow_aggregates=True, allow_rows=True)
         _check_columns(item.expr, source, known)
-        items.append(Output(item.alias or (item.expr.name if isinstance(item.expr, A.Column) else unparse(item.expr)),
-                            item.expr))
+        items.append(_output(item.alias or (item.expr.name if isinstance(item.expr, A.Column)
+                                            else unparse(item.expr)), item.expr))
     if not items:
-        items = [Output(c, A.Column(c)) for c in DEFAULT_COLUMNS]
+        items = [_output(c, A.Column(c)) for c in DEFAULT_COLUMNS]
     aliases = {o.name: o.expr for o in items}
     group_by = []
     for g in query.group_by:
@@ -346,7 +356,7 @@ def _select(query: A.Query, source: str, groups) -> Tuple[Tuple[Output, ...], bo
     names = [o.name for o in items]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup is not None:
-        items = [Output(o.name if names.count(o.name) == 1 else f"{o.name}_{i + 1}", o.expr)
+        items = [replace(o, name=o.name if names.count(o.name) == 1 else f"{o.name}_{i + 1}")
                  for i, o in enumerate(items)]
     return tuple(items), aggregate, tuple(group_by)
 
@@ -380,8 +390,8 @@ def _test(test: Optional[A.Test], outputs, aggregate: bool, source: str, draws: 
     if weight is None and aggregate:
         raise PlanError("TEST over grouped rows needs a count(*), sum(...) or probability() column to weigh "
                         "the cells", test.span, source)
-    return TestPlan(a.name, b.name, weight.name if weight else None,
-                    draws if weight is not None and probabilities(weight) else None)
+    return TestPlan(a=a.name, b=b.name, weight=weight.name if weight else None,
+                    n_per_row=draws if weight is not None and probabilities(weight) else None)
 
 
 def _refers_to_row(node: A.Node) -> bool:
@@ -475,8 +485,10 @@ def _plan_dataset(query: A.Query, source: str, settings, params) -> DatasetPlan:
         if o.name == "test_draws" and o.value is not None:
             draws = option("test_draws").check(constant(o.value, params, source, "USING test_draws"), o.value.span,
                                                source)
-    return DatasetPlan(source, query, path, tuple(settings.items()), tuple(params.items()), outputs, aggregate,
-                       group_by, d.where, row_limit, _test(query.test, outputs, aggregate, source, draws))
+    return DatasetPlan(source=source, query=query, path=path, settings=tuple(settings.items()),
+                       params=tuple(params.items()), outputs=outputs, aggregate=aggregate, group_by=group_by,
+                       row_where=d.where, row_limit=row_limit,
+                       test=_test(query.test, outputs, aggregate, source, draws))
 
 
 def iter_rows(path: str, source: str = "", span=None) -> Iterator[Dict[str, Any]]:

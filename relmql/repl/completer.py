@@ -90,7 +90,7 @@ class RelmqlCompleter(Completer):
     @classmethod
     def for_connection(cls, con, commands=None) -> "RelmqlCompleter":
         """A completer over relmql's own tables and ``con``'s models."""
-        from ..execute.rows import COLUMNS, COMPUTED_COLUMNS
+        from ..records import COLUMNS, COMPUTED_COLUMNS
         from ..models import BUILTIN_MODELS
         from ..output import FORMATS
         from ..plan.expr import AGGREGATES, FUNCTIONS, ROW_FUNCTIONS
@@ -98,7 +98,7 @@ class RelmqlCompleter(Completer):
 
         def models():
             names = list(BUILTIN_MODELS)
-            for name in [con.settings.get("model")] + [k[0] for k in getattr(con, "_models", {})]:
+            for name in [con.settings.get("model")] + con.models.names():
                 if name and name not in names:
                     names.append(name)
             return names

@@ -29,13 +29,17 @@ def name(s: str) -> str:
 
 
 def _prec(node) -> int:
-    if isinstance(node, A.Binary):
-        return _PRECEDENCE[node.op]
-    if isinstance(node, A.Unary):
-        return _PRECEDENCE["NOT" if node.op == "NOT" else "neg"]
-    if isinstance(node, (A.InList, A.Matches, A.IsNull)):
-        return 4
-    return 9
+    prec = _PREC.get(type(node))
+    return 9 if prec is None else prec(node)
+
+
+_PREC = {  # how tightly an expression binds; 9 for the others
+    A.Binary: lambda node: _PRECEDENCE[node.op],
+    A.Unary: lambda node: _PRECEDENCE["NOT" if node.op == "NOT" else "neg"],
+    A.InList: lambda node: 4,
+    A.Matches: lambda node: 4,
+    A.IsNull: lambda node: 4,
+}
 
 
 def _wrap(node, least: int) -> str:
@@ -45,96 +49,112 @@ def _wrap(node, least: int) -> str:
 
 def unparse(node) -> str:
     """Text for a statement, clause or expression."""
-    if isinstance(node, list):
-        return "\n".join(unparse(s) + ";" for s in node)
-    if isinstance(node, A.Literal):
-        v = node.value
-        if v is None:
-            return "NULL"
-        if isinstance(v, bool):
-            return "TRUE" if v else "FALSE"
-        if isinstance(v, str):
-            return quote(v)
-        if isinstance(v, float):
-            text = _float(v)
-            return text if math.copysign(1.0, v) > 0 else f"({text})"
-        return str(v) if v >= 0 else f"({v})"
-    if isinstance(node, A.Param):
-        return ":" + node.name
-    if isinstance(node, A.Column):
-        return name(node.name)
-    if isinstance(node, A.Star):
-        return "*"
-    if isinstance(node, A.Call):
-        return f"{node.name}({', '.join(unparse(a) for a in node.args)})"
-    if isinstance(node, A.Unary):
-        if node.op == "NOT":
-            return "NOT " + _wrap(node.operand, 3)
-        return "-" + _wrap(node.operand, 9)
-    if isinstance(node, A.Binary):
-        p = _PRECEDENCE[node.op]
-        # comparisons do not chain; the right side of a left-associative operator needs a tighter bind
-        left = _wrap(node.left, p + 1 if p == 4 else p)
-        right = _wrap(node.right, p + 1)
-        return f"{left} {node.op} {right}"
-    if isinstance(node, A.InList):
-        neg = "NOT " if node.negated else ""
-        if len(node.items) == 1 and isinstance(node.items[0], A.Call):
-            return f"{_wrap(node.operand, 5)} {neg}IN {unparse(node.items[0])}"
-        return f"{_wrap(node.operand, 5)} {neg}IN ({', '.join(unparse(i) for i in node.items)})"
-    if isinstance(node, A.Matches):
-        op = "NOT MATCHING" if node.negated else "MATCHES"
-        return f"{_wrap(node.operand, 5)} {op} {_wrap(node.pattern, 5)}"
-    if isinstance(node, A.IsNull):
-        return f"{_wrap(node.operand, 5)} IS {'NOT ' if node.negated else ''}NULL"
-    if isinstance(node, A.SelectItem):
-        text = unparse(node.expr)
-        return text + (f" AS {name(node.alias)}" if node.alias is not None else "")
-    if isinstance(node, A.Option):
-        return node.name + ("" if node.value is None else " " + _option_value(node.value))
-    if isinstance(node, A.Test):
-        return f"TEST {node.kind.upper()} OF {unparse(node.a)}, {unparse(node.b)}"
-    if isinstance(node, A.OrderKey):
-        return f"{node.column}{'' if node.descending else ' ASC'}"
-    if isinstance(node, A.Query):
-        parts = []
-        if node.select:
-            parts.append("SELECT " + ", ".join(unparse(s) for s in node.select))
-        if node.model is not None:
-            m = node.model
-            parts.append("FROM " + (unparse(m) if not (isinstance(m, A.Literal) and re.fullmatch(
-                r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*", m.value) and m.value.lower() not in _KEYWORDS) else m.value))
-        for word, value in (("MATCHING", node.matching), ("PREFIX", node.prefix), ("WHERE", node.where)):
-            if value is not None:
-                parts.append(f"{word} {unparse(value)}")
-        if node.using:
-            parts.append("USING " + ", ".join(unparse(o) for o in node.using))
-        if node.order:
-            parts.append("ORDER BY " + ", ".join(unparse(k) + (" DESC" if k.descending else "") for k in node.order))
-        if node.sample is not None:
-            parts.append("SAMPLE " + unparse(node.sample))
-        if node.group_by:
-            parts.append("GROUP BY " + ", ".join(unparse(g) for g in node.group_by))
-        if node.limit is not None:
-            parts.append("LIMIT " + unparse(node.limit))
-        if node.test is not None:
-            parts.append(unparse(node.test))
-        if node.dataset is not None:
-            d = node.dataset
-            text = "FOR EACH ROW IN " + unparse(d.source)
-            if d.where is not None:
-                text += " WHERE " + unparse(d.where)
-            if d.limit is not None:
-                text += " LIMIT " + unparse(d.limit)
-            parts.append(text)
-        return "\n".join(parts)
-    if isinstance(node, A.Explain):
-        return "EXPLAIN " + unparse(node.query)
-    if isinstance(node, A.Set):
-        return f"SET {node.name} = {unparse(node.value)}"
-    if isinstance(node, A.Show):
-        return f"SHOW {node.what.upper()}"
-    raise TypeError(f"cannot unparse {node!r}")
+    text = _UNPARSE.get(type(node))
+    if text is None:
+        raise TypeError(f"cannot unparse {node!r}")
+    return text(node)
+
+
+def _literal(node: A.Literal) -> str:
+    v = node.value
+    if v is None:
+        return "NULL"
+    if isinstance(v, bool):
+        return "TRUE" if v else "FALSE"
+    if isinstance(v, str):
+        return quote(v)
+    if isinstance(v, float):
+        text = _float(v)
+        return text if math.copysign(1.0, v) > 0 else f"({text})"
+    return str(v) if v >= 0 else f"({v})"
+
+
+def _unary(node: A.Unary) -> str:
+    if node.op == "NOT":
+        return "NOT " + _wrap(node.operand, 3)
+    return "-" + _wrap(node.operand, 9)
+
+
+def _binary(node: A.Binary) -> str:
+    p = _PRECEDENCE[node.op]
+    # comparisons do not chain; the right side of a left-associative operator needs a tighter bind
+    left = _wrap(node.left, p + 1 if p == 4 else p)
+    right = _wrap(node.right, p + 1)
+    return f"{left} {node.op} {right}"
+
+
+def _in_list(node: A.InList) -> str:
+    neg = "NOT " if node.negated else ""
+    if len(node.items) == 1 and isinstance(node.items[0], A.Call):
+        return f"{_wrap(node.operand, 5)} {neg}IN {unparse(node.items[0])}"
+    return f"{_wrap(node.operand, 5)} {neg}IN ({', '.join(unparse(i) for i in node.items)})"
+
+
+def _matches(node: A.Matches) -> str:
+    op = "NOT MATCHING" if node.negated else "MATCHES"
+    return f"{_wrap(node.operand, 5)} {op} {_wrap(node.pattern, 5)}"
+
+
+def _select_item(node: A.SelectItem) -> str:
+    text = unparse(node.expr)
+    return text + (f" AS {name(node.alias)}" if node.alias is not None else "")
+
+
+def _query(node: A.Query) -> str:
+    parts = []
+    if node.select:
+        parts.append("SELECT " + ", ".join(unparse(s) for s in node.select))
+    if node.model is not None:
+        m = node.model
+        parts.append("FROM " + (unparse(m) if not (isinstance(m, A.Literal) and re.fullmatch(
+            r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*", m.value) and m.value.lower() not in _KEYWORDS) else m.value))
+    for word, value in (("MATCHING", node.matching), ("PREFIX", node.prefix), ("WHERE", node.where)):
+        if value is not None:
+            parts.append(f"{word} {unparse(value)}")
+    if node.using:
+        parts.append("USING " + ", ".join(unparse(o) for o in node.using))
+    if node.order:
+        parts.append("ORDER BY " + ", ".join(unparse(k) + (" DESC" if k.descending else "") for k in node.order))
+    if node.sample is not None:
+        parts.append("SAMPLE " + unparse(node.sample))
+    if node.group_by:
+        parts.append("GROUP BY " + ", ".join(unparse(g) for g in node.group_by))
+    if node.limit is not None:
+        parts.append("LIMIT " + unparse(node.limit))
+    if node.test is not None:
+        parts.append(unparse(node.test))
+    if node.dataset is not None:
+        d = node.dataset
+        text = "FOR EACH ROW IN " + unparse(d.source)
+        if d.where is not None:
+            text += " WHERE " + unparse(d.where)
+        if d.limit is not None:
+            text += " LIMIT " + unparse(d.limit)
+        parts.append(text)
+    return "\n".join(parts)
+
+
+_UNPARSE = {
+    list: lambda node: "\n".join(unparse(s) + ";" for s in node),  # statements
+    A.Literal: _literal,
+    A.Param: lambda node: ":" + node.name,
+    A.Column: lambda node: name(node.name),
+    A.Star: lambda node: "*",
+    A.Call: lambda node: f"{node.name}({', '.join(unparse(a) for a in node.args)})",
+    A.Unary: _unary,
+    A.Binary: _binary,
+    A.InList: _in_list,
+    A.Matches: _matches,
+    A.IsNull: lambda node: f"{_wrap(node.operand, 5)} IS {'NOT ' if node.negated else ''}NULL",
+    A.SelectItem: _select_item,
+    A.Option: lambda node: node.name + ("" if node.value is None else " " + _option_value(node.value)),
+    A.Test: lambda node: f"TEST {node.kind.upper()} OF {unparse(node.a)}, {unparse(node.b)}",
+    A.OrderKey: lambda node: f"{node.column}{'' if node.descending else ' ASC'}",
+    A.Query: _query,
+    A.Explain: lambda node: "EXPLAIN " + unparse(node.query),
+    A.Set: lambda node: f"SET {node.name} = {unparse(node.value)}",
+    A.Show: lambda node: f"SHOW {node.what.upper()}",
+}
 
 
 def _float(v: float) -> str:

@@ -1,18 +1,73 @@
-"""Typed options of the traversals: the decoding rules, shortest path and sampling."""
+"""The records that pass between the stages, below all of them.
+
+What the planner asks of the compiler (``CompileOptions``) and of the executor (``Decoding`` and a
+traversal: ``ShortestPath``, ``Sample`` or ``Measure``), why a search stopped (``Stop``), the errors of
+running a query, the result columns with their kinds, and the defaults and ranges of these records, each
+written once as a named constant (``relmql.plan.options`` reads them). This module imports no stage:
+planning a query loads neither torch nor pynini.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple, Union
 
-from ..errors import Error
-from ..memory import DEFAULT_MAX_MEMORY, format_size
+from .errors import Error
+from .memory import DEFAULT_MAX_MEMORY, format_size
+from .stats import DEFAULT_CONFIDENCE
+
+# -- result columns and their kinds
+
+KINDS = ("text", "number", "rank", "bool")  # how a column's values are shown (text: not known to be numbers)
+COLUMN_KINDS: Dict[str, str] = {
+    "text": "text", "prefix": "text", "completion": "text", "tokens": "text", "logprob": "number",
+    "prob": "number", "total_logprob": "number", "total_prob": "number", "canonical": "bool", "edits": "number",
+    "rank": "rank", "weight": "number"}
+COLUMNS = tuple(COLUMN_KINDS)
+COMPUTED_COLUMNS = ("edit_position",)  # worked out from a row when asked for; not in SELECT *
+
+# -- compiling: how a query's strings become token sequences
+
+TOKENIZATIONS = ("canonical", "all")
+EDIT_SCOPES = ("all", "prefix", "completion")
+PRINTABLE_ASCII = "".join(chr(c) for c in range(0x20, 0x7F))  # the default edit alphabet
+MAX_EDITS = 64
+DEFAULT_MAX_STATES = 100_000
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """How a query's strings become token sequences.
+
+    tokenization / prefix_tokenization: "canonical" (only what the tokenizer produces) or "all"
+    (every token sequence spelling the text), for the completion and the prefix.
+    edits: up to this many character edits (insert, delete, substitute) over ``edit_alphabet``,
+    in ``edit_scope`` ("all", "prefix" or "completion").
+    exclude: regexes whose strings are removed.
+    max_states: the largest byte automaton allowed.
+    """
+
+    tokenization: str = "canonical"
+    prefix_tokenization: str = "canonical"
+    edits: int = 0
+    edit_scope: str = "all"
+    edit_alphabet: str = PRINTABLE_ASCII
+    exclude: Tuple[str, ...] = field(default=())
+    max_states: int = DEFAULT_MAX_STATES
+
+
+# -- the traversals' defaults and choices
 
 ORDERS = ("prob", "total_prob")
 SAMPLING_MODES = ("local", "exact")
+MAX_TOKENS = 64  # the longest completion, in tokens
 MAX_PREFIX_TOKENS = 1024  # prefixes such as a whole passage of text run to hundreds of tokens
 MAX_NODES_PER_ROW = 10_000  # about a minute of SmolLM2-135M on two CPU cores
+SEARCH_BATCH_SIZE = 32  # search nodes expanded per model call
+SAMPLE_BATCH_SIZE = 64  # draws per model call
+EXACT_LIMIT = 10_000  # token sequences that probability() sums exactly; more are estimated
+ESTIMATE_SAMPLES = 1000  # the draws behind an estimate of probability()
 
 
 class ExecutionError(Error):
@@ -81,6 +136,14 @@ class Decoding:
     def plain(self) -> bool:
         return self.temperature == 1 and self.topk is None and self.topp is None
 
+    def describe(self) -> List[str]:
+        """The rules that are set, in words (EXPLAIN's decoding line)."""
+        rules = [f"topk {self.topk}"] if self.topk is not None else []
+        rules += [f"topp {self.topp:g}"] if self.topp is not None else []
+        rules += [f"temperature {self.temperature:g}"] if self.temperature != 1 else []
+        rules += ["eos (the end-of-text token must follow; its probability counts)"] if self.eos else []
+        return rules
+
 
 @dataclass(frozen=True)
 class ShortestPath:
@@ -98,8 +161,8 @@ class ShortestPath:
 
     order: str = "prob"
     limit: Optional[int] = None
-    max_tokens: int = 64
-    batch_size: int = 32
+    max_tokens: int = MAX_TOKENS
+    batch_size: int = SEARCH_BATCH_SIZE
     max_prefix_nodes: int = 100_000
     max_prefix_tokens: int = MAX_PREFIX_TOKENS
     max_nodes: Optional[int] = None
@@ -153,8 +216,8 @@ class Sample:
     n: int
     seed: int = 0
     mode: str = "local"
-    max_tokens: int = 64
-    batch_size: int = 64
+    max_tokens: int = MAX_TOKENS
+    batch_size: int = SAMPLE_BATCH_SIZE
     max_draws: Optional[int] = None
     max_prefix_tokens: int = MAX_PREFIX_TOKENS
     misses: bool = False
@@ -187,29 +250,29 @@ class Measure:
     local: importance weights; exact: rejection), with intervals at ``confidence``.
     """
 
-    exact_limit: int = 10_000
-    samples: int = 1000
+    exact_limit: int = EXACT_LIMIT
+    samples: int = ESTIMATE_SAMPLES
     seed: int = 0
     mode: str = "local"
-    max_tokens: int = 64
-    batch_size: Optional[int] = None  # default: 32 nodes (exact) or 64 draws (estimate) per model call
+    max_tokens: int = MAX_TOKENS
+    batch_size: Optional[int] = None  # default: SEARCH_BATCH_SIZE (exact) or SAMPLE_BATCH_SIZE (estimate)
     max_prefix_tokens: int = MAX_PREFIX_TOKENS
-    confidence: float = 0.95
+    confidence: float = DEFAULT_CONFIDENCE
     max_memory: int = DEFAULT_MAX_MEMORY
 
     def exact(self) -> ShortestPath:
         """The traversal that sums exactly (in order of total probability: the order does not
         matter for a sum, and this one needs no prefix's distribution before the first row). It
         visits at most ``exact_limit`` sequences, so no node bound applies."""
-        return ShortestPath(order="total_prob", max_tokens=self.max_tokens, batch_size=self.batch_size or 32,
-                            max_prefix_tokens=self.max_prefix_tokens, first_match=True, max_nodes_per_row=None,
-                            max_memory=self.max_memory)
+        return ShortestPath(order="total_prob", max_tokens=self.max_tokens,
+                            batch_size=self.batch_size or SEARCH_BATCH_SIZE, max_prefix_tokens=self.max_prefix_tokens,
+                            first_match=True, max_nodes_per_row=None, max_memory=self.max_memory)
 
     def estimate(self) -> Sample:
         """The traversal that estimates."""
-        return Sample(self.samples, seed=self.seed, mode=self.mode, max_tokens=self.max_tokens,
-                      batch_size=self.batch_size or 64, max_prefix_tokens=self.max_prefix_tokens, misses=True,
-                      first_match=True, max_memory=self.max_memory)
+        return Sample(n=self.samples, seed=self.seed, mode=self.mode, max_tokens=self.max_tokens,
+                      batch_size=self.batch_size or SAMPLE_BATCH_SIZE, max_prefix_tokens=self.max_prefix_tokens,
+                      misses=True, first_match=True, max_memory=self.max_memory)
 
     def check(self) -> "Measure":
         if not (isinstance(self.exact_limit, int) and self.exact_limit >= 0):
@@ -219,6 +282,9 @@ class Measure:
         if not 0 < self.confidence < 1:
             raise ExecutionError(f"confidence must be between 0 and 1, not {self.confidence!r}")
         return self
+
+
+Traversal = Union[ShortestPath, Sample, Measure]
 
 
 def _check_memory(value) -> None:

@@ -1,14 +1,37 @@
-"""EXPLAIN: a plan in words, with the sizes of its compiled automaton."""
+"""EXPLAIN: a plan in words, with the sizes of its compiled automaton and of its model.
+
+Entry point: ``explain(plan, models)``. It stands above the engine: it loads the plan's model and
+compiles its automaton (a dataset plan's: its first data row's) as running the query would, and runs
+nothing on the model.
+"""
 
 from __future__ import annotations
 
 from typing import List, Optional
 
-from ..automata.fsa import format_count
-from ..memory import format_size, shares
-from ..execute import Measure, Sample
-from ..syntax import quote, unparse
-from .planner import DatasetPlan, QueryPlan
+from .automata import TokenAutomaton
+from .automata.bytedfa import format_count
+from .engine import Models, compile_plan, load
+from .execute.measure import token_sequences
+from .memory import format_size, shares
+from .models import LanguageModel
+from .plan import DatasetPlan, Plan, PlanError, QueryPlan, plan_row, selected_rows
+from .records import Measure, Sample
+from .syntax import quote, unparse
+
+
+def explain(plan: Plan, models: Models) -> str:
+    """The plan as aligned ``key  value`` lines, with the sizes of its model (from ``models``) and
+    automaton; a dataset plan shows its first selected data row's query."""
+    if isinstance(plan, DatasetPlan):
+        selected = selected_rows(plan)
+        if not selected:
+            raise PlanError(f"{plan.path}: no rows to run", plan.query.dataset.source.span, plan.source)
+        first = plan_row(plan, selected[0])
+        model = load(first, models)
+        return _lines(first, compile_plan(first, model), model, plan, len(selected))
+    model = load(plan, models)
+    return _lines(plan, compile_plan(plan, model), model)
 
 
 def _clip(text: str, width: int = 100) -> str:
@@ -16,25 +39,20 @@ def _clip(text: str, width: int = 100) -> str:
     return text if len(text) <= width else text[:width - 5] + "...'" + f" ({len(text) - 2:,} characters)"
 
 
-def explain(plan: QueryPlan, automaton=None, model=None, dataset: Optional[DatasetPlan] = None,
-            dataset_rows: Optional[int] = None) -> str:
-    """The plan as aligned ``key  value`` lines; ``automaton`` and ``model`` add sizes."""
+def _lines(plan: QueryPlan, automaton: TokenAutomaton, model: LanguageModel, dataset: Optional[DatasetPlan] = None,
+           dataset_rows: int = 0) -> str:
+    """EXPLAIN's text of ``plan``, compiled into ``automaton`` for ``model`` (the first of
+    ``dataset_rows`` queries of ``dataset``)."""
     lines: List[tuple] = []
     add = lambda k, v: lines.append((k, v))  # noqa: E731
     if dataset is not None:
-        what = f"{dataset.path}: {dataset_rows:,} rows" if dataset_rows is not None else dataset.path
-        add("dataset", what + " (one query per row; the first row's plan is below)")
+        add("dataset", f"{dataset.path}: {dataset_rows:,} rows (one query per row; the first row's plan is below)")
         if dataset.row_where is not None:
             add("rows", f"WHERE {unparse(dataset.row_where)}")
-    m = plan.model
-    desc = f"{m.name} on {m.device}"
-    if model is not None:
-        dtype = getattr(model, "dtype", None)
-        desc = f"{m.name} on {model.device}" + (f" ({str(dtype).replace('torch.', '')})" if dtype else "")
-        desc += f", {len(model.vocabulary):,} tokens"
-    add("model", desc)
-    if model is not None:
-        add("numbers", getattr(model, "approximate", None) or "exact: float32, as direct scoring with transformers")
+    dtype = getattr(model, "dtype", None)
+    add("model", f"{plan.model.name} on {model.device}" + (f" ({str(dtype).replace('torch.', '')})" if dtype else "")
+        + f", {len(model.vocabulary):,} tokens")
+    add("numbers", getattr(model, "approximate", None) or "exact: float32, as direct scoring with transformers")
     t = plan.traversal
     if isinstance(t, Measure):
         exact = (f"summed exactly over every token sequence when there are at most {t.exact_limit:,}; otherwise "
@@ -42,15 +60,12 @@ def explain(plan: QueryPlan, automaton=None, model=None, dataset: Optional[Datas
         how = ("importance-weighted local draws" if t.mode == "local" else "rejection draws")
         add("traversal", f"probability(): {exact}estimated from {t.samples:,} independent {how} (seed {t.seed}), "
                          f"{t.confidence:.0%} intervals; at most {t.max_tokens} completion tokens")
-        if automaton is not None:
-            from ..execute.measure import token_sequences
-            n = token_sequences(automaton, t)
-            add("measure", f"exact: {n:,} token sequences" if n is not None else
-                f"estimate: more than {t.exact_limit:,} token sequences" if t.exact_limit else "estimate")
+        n = token_sequences(automaton, t)
+        add("measure", f"exact: {n:,} token sequences" if n is not None else
+            f"estimate: more than {t.exact_limit:,} token sequences" if t.exact_limit else "estimate")
         if plan.prefix:
-            n = automaton.count_paths(automaton.start, t.max_prefix_tokens, prefix_only=True) \
-                if automaton is not None else None
-            add("prefixes", (f"{n:,} token path{'s' if n != 1 else ''}; " if n is not None else "")
+            n = automaton.count_paths(automaton.start, t.max_prefix_tokens, prefix_only=True)
+            add("prefixes", f"{n:,} token path{'s' if n != 1 else ''}; "
                 + "probability() is the mean over them (per value of the GROUP BY keys that the prefix fixes), "
                   "not their sum")
     elif isinstance(t, Sample):
@@ -69,11 +84,7 @@ def explain(plan: QueryPlan, automaton=None, model=None, dataset: Optional[Datas
         bounds += [f"its share of max_memory ({format_size(shares(t.max_memory).traversal)} of "
                    f"{format_size(t.max_memory)})"]
         add("bounds", "the search stops, keeping the rows found, at " + ", ".join(bounds))
-    d = plan.decoding
-    rules = [f"topk {d.topk}"] if d.topk is not None else []
-    rules += [f"topp {d.topp:g}"] if d.topp is not None else []
-    rules += [f"temperature {d.temperature:g}"] if d.temperature != 1 else []
-    rules += ["eos (the end-of-text token must follow; its probability counts)"] if d.eos else []
+    rules = plan.decoding.describe()
     add("decoding", ", ".join(rules) + "; prefix tokens at the model's own probability" if rules
         else "the model's distribution (no top-k, top-p or temperature)")
     add("MATCHING", _clip(plan.matching))
@@ -87,11 +98,10 @@ def explain(plan: QueryPlan, automaton=None, model=None, dataset: Optional[Datas
         add("filter", f"in the automaton: text NOT MATCHING {_clip(regex, 80)}")
     if plan.where is not None:
         add("filter", f"on result rows: {unparse(plan.where)}")
-    if automaton is not None:
-        lang = automaton.language
-        add("automaton", f"byte DFA with {lang.dfa.num_states:,} states and {lang.dfa.num_arcs:,} arcs; "
-                         f"token arcs built lazily as the traversal reaches states")
-        add("strings", format_count(automaton.num_strings))
+    lang = automaton.language
+    add("automaton", f"byte DFA with {lang.dfa.num_states:,} states and {lang.dfa.num_arcs:,} arcs; "
+                     f"token arcs built lazily as the traversal reaches states")
+    add("strings", format_count(automaton.num_strings))
     if plan.aggregate:
         if plan.group_by:
             add("GROUP BY", ", ".join(unparse(g) for g in plan.group_by))

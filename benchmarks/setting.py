@@ -1,0 +1,58 @@
+"""Where a benchmark ran: the one description of the machine and the library versions that every
+benchmark and paper experiment writes beside its results."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import platform
+import time
+from dataclasses import dataclass
+
+PACKAGES = ("relmql", "torch", "transformers", "tokenizers", "pynini", "numpy", "outlines-core", "ray")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Torch's threads and CPU capability, the machine, the versions and the date of a run."""
+    threads: int  # torch's intra-op threads
+    cpu: str  # the vector instructions torch's CPU kernels use
+    machine: str  # CPU model, cores, memory, operating system
+    versions: str  # PACKAGES' versions and Python's
+    date: str  # YYYY-MM-DD
+
+
+def setting() -> Setting:
+    """This process's setting, now."""
+    import torch
+    return Setting(threads=torch.get_num_threads(), cpu=torch.backends.cpu.get_cpu_capability(),
+                   machine=_machine(), versions=_versions(), date=time.strftime("%Y-%m-%d"))
+
+
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        with open("/proc/meminfo") as f:
+            mem = f"{int(f.readline().split()[1]) / 2**20:.0f} GiB RAM"
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, {mem}; {platform.system()} {platform.release()}"
+
+
+def _versions() -> str:
+    out = []
+    for n in PACKAGES:
+        try:
+            out.append(f"{n} {md.version(n)}")
+        except md.PackageNotFoundError:
+            out.append(f"{n} (not installed)")
+    return ", ".join(out) + f"; Python {platform.python_version()}"
