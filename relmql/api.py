@@ -280,7 +280,7 @@ class Connection:
             self._cluster.close()
             self._cluster = None
         if self._cluster is None:
-            preload = ModelRef(s["model"], s["device"], s["dtype"])
+            preload = ModelRef(name=s["model"], device=s["device"], dtype=s["dtype"])
             self._cluster = Cluster(s["ray_address"], s["workers"], s["device"], preload, s["threads"])
             self._cluster_key = key
             print(f"ray: {self._cluster.where}", file=sys.stderr)
@@ -289,7 +289,8 @@ class Connection:
     # -- models
     def model(self, ref: Optional[ModelRef] = None) -> LanguageModel:
         """The model of ``ref`` (default: the session's), loaded once per session."""
-        return self.models(ref or ModelRef(self.settings["model"], self.settings["device"], self.settings["dtype"]))
+        return self.models(ref or ModelRef(name=self.settings["model"], device=self.settings["device"],
+                                           dtype=self.settings["dtype"]))
 
     # -- statements
     def sql(self, text: str, params: Optional[Mapping[str, Any]] = None) -> Result:
@@ -339,8 +340,9 @@ class Connection:
                 result.approximate = model.approximate
                 result._t0 = time.perf_counter()
             else:
-                ref = p.model if isinstance(p, QueryPlan) else ModelRef(self.settings["model"],
-                                                                        self.settings["device"], self.settings["dtype"])
+                s = self.settings
+                ref = p.model if isinstance(p, QueryPlan) else ModelRef(name=s["model"], device=s["device"],
+                                                                        dtype=s["dtype"])
                 result.approximate = approximate(ref.dtype, ref.device)
             bar = _Progress(self.progress)
             try:

@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .models import BUILTIN_MODELS, DEFAULT_MODEL
     from .output import FORMATS
     from .output.plot import PLOT_KINDS
+    from .records import DTYPES
     p = argparse.ArgumentParser(
         prog="relmql",
         description="Query language models with regular expressions. With no FILE and no -c, reads "
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help=f"the default model: {', '.join(BUILTIN_MODELS)}, a local directory or a "
                                    f"Hugging Face id (default: {DEFAULT_MODEL})")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto (default: cpu)")
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="model weights and arithmetic (default: float32, exact; "
+    p.add_argument("--dtype", choices=DTYPES, help="model weights and arithmetic (default: float32, exact; "
                    "the others are faster and approximate, auto: the fastest the hardware runs natively)")
     p.add_argument("--seed", type=int, help="random seed of SAMPLE (default: 0)")
     p.add_argument("--format", choices=FORMATS,

@@ -1,6 +1,6 @@
 """The records that pass between the stages, below all of them.
 
-What the planner asks of the compiler (``CompileOptions``) and of the executor (``Decoding`` and a
+Which model a query runs on (``ModelRef``), what the planner asks of the compiler (``CompileOptions``) and of the executor (``Decoding`` and a
 traversal: ``ShortestPath``, ``Sample`` or ``Measure``), why a search stopped (``Stop``), the errors of
 running a query, the result columns with their kinds, and the defaults and ranges of these records, each
 written once as a named constant (``relmql.plan.options`` reads them). This module imports no stage:
@@ -26,6 +26,22 @@ COLUMN_KINDS: Dict[str, str] = {
     "rank": "rank", "weight": "number"}
 COLUMNS = tuple(COLUMN_KINDS)
 COMPUTED_COLUMNS = ("edit_position",)  # worked out from a row when asked for; not in SELECT *
+
+# -- the model a query runs on
+
+DEFAULT_DEVICE = "cpu"
+DTYPES = ("float32", "bfloat16", "float16", "auto")  # float32 is exact; the others are faster and approximate
+DEFAULT_DTYPE = "float32"
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """Which model runs a query: a built-in name, a local directory or a hub id, on ``device`` in ``dtype``."""
+
+    name: str
+    device: str = DEFAULT_DEVICE
+    dtype: str = DEFAULT_DTYPE
+
 
 # -- compiling: how a query's strings become token sequences
 

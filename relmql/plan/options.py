@@ -9,8 +9,8 @@ from typing import Any, Dict, Optional, Tuple
 from ..errors import Error, closest
 from ..memory import DEFAULT_MAX_MEMORY, format_size, parse_size
 from ..models import DEFAULT_MODEL
-from ..records import (DEFAULT_MAX_STATES, EDIT_SCOPES, ESTIMATE_SAMPLES, EXACT_LIMIT, MAX_EDITS,
-                       MAX_NODES_PER_ROW, MAX_PREFIX_TOKENS, MAX_TOKENS, SAMPLE_BATCH_SIZE, SAMPLING_MODES,
+from ..records import (DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_MAX_STATES, DTYPES, EDIT_SCOPES, ESTIMATE_SAMPLES,
+                       EXACT_LIMIT, MAX_EDITS, MAX_NODES_PER_ROW, MAX_PREFIX_TOKENS, MAX_TOKENS, SAMPLE_BATCH_SIZE, SAMPLING_MODES,
                        SEARCH_BATCH_SIZE, TOKENIZATIONS, CompileOptions, Decoding, Sample)
 from ..stats import DEFAULT_CONFIDENCE
 
@@ -144,10 +144,10 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
     OptionSpec("test_draws", "int", 5000, "test",
                "TEST INDEPENDENCE over probabilities: how many draws per value of the first variable they "
                "stand for (the ReLM paper drew 5000 per gender)", low=1),
-    OptionSpec("device", "text", "cpu", "model", "where the model runs: cpu, cuda, cuda:N or auto"),
-    OptionSpec("dtype", "choice", "float32", "model",
+    OptionSpec("device", "text", DEFAULT_DEVICE, "model", "where the model runs: cpu, cuda, cuda:N or auto"),
+    OptionSpec("dtype", "choice", DEFAULT_DTYPE, "model",
                "model weights: float32 (exact), or bfloat16, float16 or auto (the fastest the hardware runs "
-               "natively): faster, with approximate probabilities", ("float32", "bfloat16", "float16", "auto"),
+               "natively): faster, with approximate probabilities", DTYPES,
                session_only=True),
     OptionSpec("model", "text", DEFAULT_MODEL, "model",
                "the default model: a built-in name, a local directory or a hub id", session_only=True),

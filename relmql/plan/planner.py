@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from ..errors import Error, closest
 from ..records import (COLUMNS, COMPUTED_COLUMNS, SAMPLE_BATCH_SIZE, SEARCH_BATCH_SIZE, CompileOptions, Decoding,
-                       Measure, Sample, ShortestPath, Traversal)
+                       Measure, ModelRef, Sample, ShortestPath, Traversal)
 from ..syntax import ast as A
 from ..syntax import string_literal_at, unparse
 from .expr import AGGREGATES, Env, check_calls, escape, evaluate, is_aggregate, kind
@@ -20,15 +20,6 @@ from .options import OPTIONS, PlanError, option
 ORDER_COLUMNS = {"prob": "prob", "total_prob": "total_prob", "logprob": "prob", "total_logprob": "total_prob"}
 DEFAULT_COLUMNS = ("rank", "text", "prob")
 DATASET_FIELDS = ("row_number",)
-
-
-@dataclass(frozen=True)
-class ModelRef:
-    """Which model runs a query."""
-
-    name: str
-    device: str = "cpu"
-    dtype: str = "float32"
 
 
 @dataclass(frozen=True)
