@@ -1,9 +1,10 @@
 """The records that pass between the stages, below all of them.
 
-Which model a query runs on (``ModelRef``), what the planner asks of the compiler (``CompileOptions``) and of the executor (``Decoding`` and a
-traversal: ``ShortestPath``, ``Sample`` or ``Measure``), why a search stopped (``Stop``), the errors of
-running a query, the result columns with their kinds, and the defaults and ranges of these records, each
-written once as a named constant (``relmql.plan.options`` reads them). This module imports no stage:
+Which model a query runs on (``ModelRef``), what the planner asks of the compiler (``CompileOptions``)
+and of the executor (``Decoding`` and a traversal: ``ShortestPath``, ``Sample`` or ``Measure``), why a
+search stopped (``Stop``), the errors of running a query, the result columns with their kinds, and the
+defaults and ranges of these records, each written once as a named constant (``relmql.plan.options``
+reads them). This module imports no stage:
 planning a query loads neither torch nor pynini.
 """
 
