@@ -25,7 +25,9 @@ def _section(text: str, tag: str) -> str:
 
 def _header(text: str, key: str) -> str:
     """The date, machine or versions that an earlier docs/benchmarks.md names."""
-    pattern = {"date": r"on (\d{4}-\d{2}-\d{2})\.", "machine": r"^- Machine: (.*?)(?: \(where a section names no other\))*$", "versions": r"^- Versions: (.*)$"}[key]
+    pattern = {"date": r"on (\d{4}-\d{2}-\d{2})\.",
+               "machine": r"^- Machine: (.*?)(?: \(where a section names no other\))*$",  # the template adds it back
+               "versions": r"^- Versions: (.*)$"}[key]
     m = re.search(pattern, text, re.M)
     return m.group(1) if m else ""
 

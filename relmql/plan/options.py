@@ -10,8 +10,8 @@ from ..errors import Error, closest
 from ..memory import DEFAULT_MAX_MEMORY, format_size, parse_size
 from ..models import DEFAULT_MODEL
 from ..records import (DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_MAX_STATES, DTYPES, EDIT_SCOPES, ESTIMATE_SAMPLES,
-                       EXACT_LIMIT, MAX_EDITS, MAX_NODES_PER_ROW, MAX_PREFIX_TOKENS, MAX_TOKENS, SAMPLE_BATCH_SIZE, SAMPLING_MODES,
-                       SEARCH_BATCH_SIZE, TOKENIZATIONS, CompileOptions, Decoding, Sample)
+                       EXACT_LIMIT, MAX_EDITS, MAX_NODES_PER_ROW, MAX_PREFIX_TOKENS, MAX_TOKENS, SAMPLE_BATCH_SIZE,
+                       SAMPLING_MODES, SEARCH_BATCH_SIZE, TOKENIZATIONS, CompileOptions, Decoding, Sample)
 from ..stats import DEFAULT_CONFIDENCE
 
 
