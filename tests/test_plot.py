@@ -141,14 +141,16 @@ def test_cdf_of_a_numeric_column_leaves_out_nulls():
     (("rank", "prob"), [(1, 0.5), (2, 0.2)], [0.1, 0.2], "cdf"),
     (("text", "prob"), [("a", 0.5), ("b", 0.2)], [0.1, 0.2], "cumulative"),  # raw text is not a category
     (("gender", "n"), [("man", 3)] * 2 + [("woman", 1)] * (MAX_BARS - 1), [0.1] * (MAX_BARS + 1), "cumulative"),
-    (("x", "n"), [("a", 1)], [], "bar"),  # kinds say text, but the values are numbers
+    (("x", "n"), [("a", 1)], [], "bar"),  # no kinds given: the values are numbers
 ])
 def test_the_kind_is_chosen_from_the_columns(columns, rows, times, kind):
     assert figure(columns, rows, times=times)[1] == kind
 
 
-def test_the_kinds_hint_and_the_values_decide():
-    assert figure(("a", "b"), [("x", "1"), ("y", "2")], kinds=("text", "number"), times=[1, 2])[1] == "cumulative"
+def test_the_plans_kinds_decide_over_the_values():
+    # numbers the plan calls text (a parameter, say) are categories; a number column with NULLs is numeric
+    assert figure(("a", "b"), [(1, 3), (2, 4)], kinds=("text", "text"), times=[1, 2])[1] == "cumulative"
+    assert figure(("a", "b"), [(1, 3), (2, 4)], kinds=("text", "number"))[1] == "bar"
     assert figure(("a", "n"), [("x", 1), ("y", None)], kinds=("text", "number"))[1] == "bar"
 
 

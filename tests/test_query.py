@@ -152,6 +152,35 @@ def test_group_by_equals_aggregating_by_hand(con):
     assert [r["animal"] for r in got] == sorted(by_hand)
 
 
+def _kind_of(values):
+    values = [v for v in values if v is not None]
+    if values and all(isinstance(v, bool) for v in values):
+        return "bool"
+    if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return "number"
+    return "text"
+
+
+@pytest.mark.parametrize("select,tail", [
+    ("text, prob, abs(logprob), -logprob, prob * 100, edits, edit_position, canonical, rank, text || '!', "
+     "prob > 0.1, text MATCHES '.*cat.*', group(1) IS NULL, coalesce(prob, 0), length(text)",
+     " USING edits 1 LIMIT 8"),
+    ("animal, count(*), min(logprob), max(prob), min(text), avg(edits), sum(prob), probability()",
+     " GROUP BY animal"),
+])
+def test_each_column_kind_is_that_of_its_values(con, select, tail):
+    """The plan declares each column's kind (the table aligns and the plot chooses by it); the
+    values that arrive are of that kind."""
+    result = con.sql(f"SELECT {select} {Q}{tail}")
+    got = list(result)
+    assert got
+    for name, k, values in zip(result.columns, result.kinds, zip(*got)):
+        if k == "rank":
+            k = "number"
+        actual = _kind_of(values)
+        assert k == actual or not any(v is not None for v in values), (name, k, actual, values[:3])
+
+
 def test_group_by_alias_position_and_two_columns(con):
     plain = rows(con, f"SELECT group(2), group(3) {Q}")
     one = Counter(a for a, _ in plain)

@@ -30,8 +30,8 @@ def plot(columns: Sequence[str], rows: Sequence[tuple], path: str, kind: Optiona
 
     ``kind``: "bar", "cumulative", "cdf" or None (chosen from the columns); ``log``: a log scale on
     the value axis; ``times``: when each row arrived (seconds since the query started);
-    ``kinds``: the columns' kinds (``relmql.records.KINDS``, as the plan's outputs declare them), a
-    hint to the values'."""
+    ``kinds``: the columns' kinds (``relmql.records.KINDS``, as the plan's outputs declare them);
+    without them a column whose values are all numbers is numeric."""
     fmt = check_path(path)
     import matplotlib
     with matplotlib.rc_context(_RC):
@@ -89,19 +89,15 @@ def _is_number(v: Any) -> bool:
 
 
 def _roles(columns, rows, kinds) -> List[str]:
-    """Each column as "rank", "number" or "category", from its name, its display kind and its values."""
-    kinds = list(kinds or ()) + ["text"] * len(columns)
-    roles = []
-    for i, (name, k) in enumerate(zip(columns, kinds)):
-        values = [r[i] for r in rows if r[i] is not None]
-        numbers = bool(values) and all(_is_number(v) for v in values)
-        if name == "rank" or (k == "rank" and numbers):
-            roles.append("rank")
-        elif numbers or (k == "number" and not values):
-            roles.append("number")
-        else:
-            roles.append("category")
-    return roles
+    """Each column as "rank", "number" or "category": from its kind where the plan declares kinds,
+    from its values only for rows drawn without them."""
+    if kinds is None:
+        kinds = []
+        for i in range(len(columns)):
+            values = [r[i] for r in rows if r[i] is not None]
+            numbers = bool(values) and all(_is_number(v) for v in values)
+            kinds.append(("rank" if columns[i] == "rank" else "number") if numbers else "text")
+    return ["rank" if k == "rank" else "number" if k == "number" else "category" for k in kinds]
 
 
 def _choose(columns, rows, roles, times) -> str:

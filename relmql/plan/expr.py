@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from .. import stats
-from ..records import COLUMN_KINDS
+from ..records import COLUMN_KINDS, COMPUTED_COLUMNS
 from ..syntax import ast as A
 from .options import PlanError
 
@@ -113,7 +113,7 @@ FUNCTIONS: Dict[str, Function] = {f.name: f for f in (
     _f("round", _round, ("number", "int"), "a number rounded to n decimals", optional=1, kind="number"),
     _f("exp", math.exp, ("number",), "e to the power x", kind="number"),
     _f("ln", lambda x: math.log(x) if x > 0 else -math.inf, ("number",), "the natural logarithm", kind="number"),
-    _f("abs", abs, ("number",), "the absolute value"),
+    _f("abs", abs, ("number",), "the absolute value", kind="number"),
     _f("ci_low", lambda x: stats.ci_bound(x, "low"), ("number",),
        "the lower end of probability()'s interval (the value itself when exact)", kind="number"),
     _f("ci_high", lambda x: stats.ci_bound(x, "high"), ("number",),
@@ -140,13 +140,28 @@ ROW_FUNCTIONS = {"group": "a capture group of MATCHING in the row's text: group(
 
 
 def kind(node: A.Node) -> str:
-    """The kind (``relmql.records.KINDS``) of the values of ``node``, as its column or function
-    declares it; "text" where neither does."""
+    """The kind (``relmql.records.KINDS``) of the values of ``node``: from its column, function or
+    operator; "text" where nothing declares one (a parameter, a capture group)."""
+    if isinstance(node, A.Literal):
+        v = node.value
+        return "bool" if isinstance(v, bool) else "number" if isinstance(v, (int, float)) else "text"
     if isinstance(node, A.Column):
-        return COLUMN_KINDS.get(node.name, "text")
-    if isinstance(node, A.Call) and node.name in FUNCTIONS:
-        return FUNCTIONS[node.name].kind
-    return "number" if isinstance(node, A.Call) and node.name in NUMBER_AGGREGATES else "text"
+        return COLUMN_KINDS.get(node.name, "number" if node.name in COMPUTED_COLUMNS else "text")
+    if isinstance(node, A.Unary):
+        return "bool" if node.op == "NOT" else "number"
+    if isinstance(node, A.Binary):
+        return "text" if node.op == "||" else "number" if node.op in _ARITH else "bool"
+    if isinstance(node, (A.InList, A.Matches, A.IsNull)):
+        return "bool"
+    if isinstance(node, A.Call):
+        if node.name in FUNCTIONS:
+            return FUNCTIONS[node.name].kind
+        if node.name in NUMBER_AGGREGATES:
+            return "number"
+        if node.name in ("min", "max", "coalesce") and node.args:
+            kinds = {kind(a) for a in node.args if not (isinstance(a, A.Literal) and a.value is None)}
+            return kinds.pop() if len(kinds) == 1 else "text"
+    return "text"
 
 
 def is_aggregate(node) -> bool:
