@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import argparse
 import heapq
 import itertools
 import json
@@ -27,6 +26,8 @@ from typing import Dict, List
 
 import numpy as np
 import torch
+
+from .setting import command
 
 GW_PREFIX = "George Washington was born on"
 GW = GW_PREFIX + (" (January|February|March|April|May|June|July|August|September|October|November|December) "
@@ -326,15 +327,9 @@ def tables(res: Dict) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--seconds", type=float, default=30.0, help="time per memorization configuration")
-    p.add_argument("--samples", type=int, default=512)
-    p.add_argument("--json")
-    args = p.parse_args(argv)
-    res = run(args.seconds, args.samples)
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
-    print(tables(res))
+    command(__doc__, run, tables, argv, options=[
+        ("--seconds", dict(type=float, default=30.0, help="time per memorization configuration")),
+        ("--samples", dict(type=int, default=512, help="draws of the sampling comparison"))])
 
 
 if __name__ == "__main__":

@@ -17,15 +17,13 @@ relmql's sum is the same number.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import time
-from pathlib import Path
 from typing import Dict, List, Tuple
 
 import torch
 
+from .setting import command
 from .execute_bench import BIAS, BIAS_PREFIX, GW, GW_PREFIX
 
 CASES = {
@@ -46,7 +44,9 @@ def sequences(automaton) -> List[Tuple[Tuple[int, ...], int]]:
 
 @torch.inference_mode()
 def score(model, seqs, batch: int) -> float:
-    """Σ P(completion | prefix) of ``seqs``, scoring ``batch`` padded sequences per forward pass."""
+    """Σ P(completion | prefix) of ``seqs`` over the number of prefix token paths (a PREFIX with
+    several paths gives their mean, as probability() does), scoring ``batch`` padded sequences per
+    forward pass."""
     hf, total = model.model, 0.0
     for k in range(0, len(seqs), batch):
         part = seqs[k:k + batch]
@@ -60,7 +60,7 @@ def score(model, seqs, batch: int) -> float:
                                -1)
         for b, (toks, npre) in enumerate(part):
             total += math.exp(sum(float(lp[b, i, toks[i]]) for i in range(npre, len(toks))))
-    return total
+    return total / len({toks[:npre] for toks, npre in seqs})
 
 
 def session(model):
@@ -126,13 +126,7 @@ def tables(res: Dict) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--json")
-    args = p.parse_args(argv)
-    res = run()
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
-    print(tables(res))
+    command(__doc__, run, tables, argv)
 
 
 if __name__ == "__main__":

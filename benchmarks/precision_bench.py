@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
@@ -29,7 +28,7 @@ from typing import Dict, List
 import numpy as np
 import torch
 
-from .setting import setting
+from .setting import command, setting
 
 DTYPES = ("float32", "bfloat16", "float16")
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
@@ -207,14 +206,8 @@ def tables(r: dict) -> str:
     return "\n".join(out)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--json", help="also write the results to this file")
-    args = p.parse_args()
-    r = run()
-    if args.json:
-        Path(args.json).write_text(json.dumps(r, indent=1))
-    print(tables(r))
+def main(argv=None):
+    command(__doc__, run, tables, argv)
 
 
 if __name__ == "__main__":

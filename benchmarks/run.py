@@ -69,6 +69,12 @@ def main():
     header = {"date": now.date, "machine": now.machine, "versions": now.versions}
     if args.only and old:  # one part measured again: the header stays the other parts'
         header = {k: _header(old, k) or v for k, v in header.items()}
+        if args.only != "precision" and (header["machine"], header["versions"]) != (now.machine, now.versions):
+            stamp = f"Measured on {now.date}. Machine: {now.machine}; {now.versions}.\n\n"
+            compile_part = stamp + compile_part if rows else compile_part
+            execute_part = stamp + execute_part if executed else execute_part
+            measure_part = stamp + measure_part if measured else measure_part
+            scale_part = stamp + scale_part if scaled else scale_part
     text = (text.replace("{{date}}", header["date"])
                 .replace("{{machine}}", header["machine"])
                 .replace("{{versions}}", header["versions"])

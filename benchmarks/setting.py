@@ -3,11 +3,15 @@ benchmark and paper experiment writes beside its results."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata as md
+import json
 import os
 import platform
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
 
 PACKAGES = ("relmql", "torch", "transformers", "tokenizers", "pynini", "numpy", "outlines-core", "ray")
 
@@ -56,3 +60,19 @@ def _versions() -> str:
         except md.PackageNotFoundError:
             out.append(f"{n} (not installed)")
     return ", ".join(out) + f"; Python {platform.python_version()}"
+
+
+def command(doc: str, run: Callable[..., dict], tables: Callable[[dict], str], argv: Optional[Sequence[str]] = None,
+            options: Sequence[tuple] = ()) -> None:
+    """A benchmark's command line: its ``options`` (``(flag, add_argument keywords)``, passed to
+    ``run`` by name) and ``--json FILE`` (the raw results); prints ``tables(run(...))``."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for flag, kw in options:
+        p.add_argument(flag, **kw)
+    p.add_argument("--json", help="also write the raw results to this file")
+    args = vars(p.parse_args(argv))
+    path = args.pop("json")
+    results = run(**args)
+    if path:
+        Path(path).write_text(json.dumps(results, indent=1))
+    print(tables(results))

@@ -9,7 +9,7 @@ import torch
 
 from ..errors import ModelError
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # how far the reduced dtypes move a log-probability, measured by benchmarks/precision_bench.py
 PRECISION = {"bfloat16": "log-probabilities off by 0.03 per token typically, up to 1.8",
              "float16": "log-probabilities off by 0.003 per token typically, up to 0.04"}
@@ -39,9 +39,9 @@ def resolve_dtype(dtype: Optional[str], device: torch.device) -> torch.dtype:
             return torch.bfloat16
         cap = torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, "cpu") else ""
         return torch.bfloat16 if cap in ("AVX512", "AVX512_BF16", "AMX", "SVE256") else torch.float32
-    if dtype not in DTYPES:
-        raise ModelError(f"unknown dtype {dtype!r} (use {', '.join(DTYPES)} or auto)")
-    return DTYPES[dtype]
+    if dtype not in TORCH_DTYPES:
+        raise ModelError(f"unknown dtype {dtype!r} (use {', '.join(TORCH_DTYPES)} or auto)")
+    return TORCH_DTYPES[dtype]
 
 
 def approximate(dtype: Optional[str], device: Optional[str]) -> Optional[str]:
@@ -53,7 +53,7 @@ def approximate(dtype: Optional[str], device: Optional[str]) -> Optional[str]:
         cuda = device not in (None, "cpu") and str(device).startswith(("cuda", "auto")) and torch.cuda.is_available()
         dt = resolve_dtype("auto", torch.device("cuda" if cuda else "cpu"))
     else:
-        dt = DTYPES.get(dtype, torch.float32)
+        dt = TORCH_DTYPES.get(dtype, torch.float32)
     if dt != torch.float32:
         name = str(dt).replace("torch.", "")
         return (f"approximate: the model computes in {name} ({PRECISION[name]} of float32 "
