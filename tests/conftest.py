@@ -33,6 +33,18 @@ def smol_vocab(smol):
     return smol.vocabulary
 
 
+@pytest.fixture(scope="session")
+def gemma():
+    """Gemma 3 270M (SentencePiece-style BPE with byte fallback, 262,144 tokens), float32."""
+    from relmql.models import load_model
+    return load_model("gemma3-270m", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def gemma_vocab(gemma):
+    return gemma.vocabulary
+
+
 def language(matching: str, prefix=None, **kw):
     return compile_language(LanguageSpec(matching, prefix, **kw))
 

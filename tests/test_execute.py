@@ -56,6 +56,20 @@ def test_ranking_with_a_regex_prefix_on_smollm2(smol, rules, order):
     check_ranking(smol, prefix + " (art|science|math|law|medicine)", prefix, CANON, order, rules)
 
 
+@pytest.mark.parametrize("options", [CANON, ALL], ids=["canonical", "all"])
+def test_ranking_on_gemma3_sentencepiece(gemma, options):
+    """Gemma 3 (SentencePiece-style BPE, 262,144 tokens): the rows are those of direct float32
+    scoring, in its order, canonical and over all tokenizations."""
+    if options is ALL:  # every tokenization of each string: a shorter language
+        check_ranking(gemma, "A (cat|dog)", "A", options, "prob", {"topk": 40})
+        return
+    prefix = "The capital of (France|Italy) is"
+    rows = check_ranking(gemma, prefix + " (Paris|Rome|Lyon|a city)\\.?", prefix, options, "prob", {"topk": 40})
+    if options is CANON:  # what the model knows
+        assert [r.completion for r in rows if r.prefix == "The capital of France is"][0] == " Paris"
+        assert [r.completion for r in rows if r.prefix == "The capital of Italy is"][0] == " Rome"
+
+
 @pytest.mark.parametrize("rules", [{}, {"topk": 20000, "eos": True}])
 @pytest.mark.parametrize("order", ["prob", "total_prob"])
 def test_ranking_over_all_tokenizations(tiny, rules, order):

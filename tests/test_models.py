@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from relmql.automata import CompileOptions, compile
+from relmql.automata.bpe import PairTable
 from relmql.errors import CompileError, ModelError
 from relmql.models import load_model
 from relmql.models.vocab import SENTENCEPIECE, from_tokenizer
@@ -155,13 +156,30 @@ def test_sentencepiece_all_tokenizations_spell_the_text(sentencepiece_tokenizer)
     got = enumerate_paths(compile("the (cat|dog)", vocab, "the", options))
     assert {vocab.decode(t) for t, _ in got} == {"the cat", "the dog"}
     assert all(vocab.token_bytes(t[:n]) == b" the" for t, n in got)
-    # without a prefix the prefix's tokenization does not matter; with one, canonical is refused
+    # without a prefix the prefix's tokenization does not matter
     got = {t for t, _ in enumerate_paths(compile("the cat", vocab, None, CompileOptions(tokenization="all")))}
     assert got == set(segmentations(b" the cat", idx))
-    with pytest.raises(CompileError, match="canonical"):
-        compile("the cat", vocab, "the", CompileOptions(tokenization="all"))
-    with pytest.raises(CompileError, match="canonical"):
-        compile("the cat", vocab, None, CompileOptions())
+
+
+def test_sentencepiece_canonical_with_a_space_in_front(sentencepiece_tokenizer):
+    """Llama-2 style (a normalizer that puts ▁ in front): canonical tokens are the tokenizer's
+    own; a character it spells with several byte-fallback tokens is refused, saying so."""
+    vocab = from_tokenizer(sentencepiece_tokenizer)
+    known = PairTable(vocab).char_unit
+    for text in ["the cat", "hé 東", "a\nb  c", "cat\tcat"]:
+        if all(c in known or ord(c) < 0x80 for c in text):
+            got = [t for t, _ in enumerate_paths(compile(re.escape(text), vocab, None, CompileOptions()))]
+            assert got == [tuple(vocab.encode(text))], text
+        else:
+            with pytest.raises(CompileError, match="byte-fallback"):
+                compile(re.escape(text), vocab, None, CompileOptions())
+    bpe = sentencepiece_tokenizer.backend_tokenizer.model
+    got = enumerate_paths(compile("the (cat|dog)", vocab, "the", CompileOptions()))
+    assert {vocab.decode(t) for t, _ in got} == {"the cat", "the dog"}
+    for toks, n in got:  # the prefix as the tokenizer encodes it; the completion on its own
+        assert list(toks[:n]) == vocab.encode("the")
+        word = vocab.token_bytes(toks[n:]).decode().replace(" ", "\u2581")
+        assert list(toks[n:]) == [t.id for t in bpe.tokenize(word)]
 
 
 def test_sentencepiece_prepend_with_an_optional_prefix(sentencepiece_tokenizer):

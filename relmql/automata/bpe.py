@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import ModelError
-from ..models.vocab import BYTE_LEVEL, Vocabulary, bytes_to_unicode
+from ..models.vocab import BYTE_LEVEL, SENTENCEPIECE, Vocabulary, bytes_to_unicode
 
 INF = np.iinfo(np.int64).max
 Chain = Tuple[Tuple[int, int, int], ...]  # ((token, born, absorbed), ...)
@@ -37,8 +37,8 @@ class PairTable:
     def __init__(self, vocab: Vocabulary):
         spec = vocab.spec
         model = spec.get("model", {})
-        if model.get("type") != "BPE" or vocab.kind != BYTE_LEVEL:
-            raise ModelError("canonical tokenization needs a byte-level BPE tokenizer")
+        if model.get("type") != "BPE" or vocab.kind not in (BYTE_LEVEL, SENTENCEPIECE):
+            raise ModelError("canonical tokenization needs a BPE tokenizer (byte-level or SentencePiece-style)")
         if model.get("dropout") or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
             raise ModelError("canonical tokenization does not support BPE dropout or subword affixes")
         if model.get("ignore_merges"):
@@ -51,8 +51,21 @@ class PairTable:
             ia, ib, iab = piece_id.get(a), piece_id.get(b), piece_id.get(a + b)
             if ia is not None and ib is not None and iab is not None:
                 self.merges[ia, ib] = (rank, iab)  # a repeated merge keeps its last rank, as tokenizers does
-        b2u = bytes_to_unicode()
-        self.unit = np.array([piece_id.get(b2u[b], -1) for b in range(256)], np.int64)
+        self.kind = vocab.kind
+        if vocab.kind == BYTE_LEVEL:
+            b2u = bytes_to_unicode()
+            self.unit = np.array([piece_id.get(b2u[b], -1) for b in range(256)], np.int64)
+        else:
+            # SentencePiece: a character is a unit when the vocabulary has it ("▁" for space);
+            # a byte below 0x80 that is not is its byte-fallback token <0xNN>
+            self.char_unit: Dict[str, int] = {k: v for k, v in piece_id.items() if len(k) == 1 and k != " "}
+            if "\u2581" in self.char_unit:
+                self.char_unit[" "] = self.char_unit.pop("\u2581")
+            fallback = {b: piece_id.get(f"<0x{b:02X}>", -1) for b in range(256)} \
+                if model.get("byte_fallback") else {b: -1 for b in range(256)}
+            self.unit = np.array([self.char_unit.get(chr(b), fallback[b]) if b < 0x80 else -1
+                                  for b in range(256)], np.int64)
+            self.fallback = np.array([fallback[b] for b in range(256)], np.int64)
         self.self_canonical = np.zeros(n, bool)
         left: List[Optional[Chain]] = [None] * n
         right: List[Optional[Chain]] = [None] * n
@@ -86,10 +99,35 @@ class PairTable:
             by_left.setdefault(ia, []).append((rank, ib))
         self.by_left = {k: sorted(v) for k, v in by_left.items()}
 
+    def units(self, data: bytes) -> Optional[List[int]]:
+        """The symbols BPE starts from for ``data`` (None where a character has none)."""
+        if self.kind == BYTE_LEVEL:
+            syms = [int(self.unit[b]) for b in data]
+        else:
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+            syms = []
+            for c in text:
+                u = self.char_unit.get(c)
+                if u is not None:
+                    syms.append(u)
+                else:
+                    syms.extend(int(self.fallback[b]) for b in c.encode("utf-8"))
+        return None if not syms or any(s < 0 for s in syms) else syms
+
+    def known(self) -> "CodepointSet":
+        """The characters a SentencePiece vocabulary has as units, and every ASCII character
+        (the rest are spelt with several byte-fallback tokens)."""
+        from .charset import CodepointSet
+        cps = {ord(c) for c in self.char_unit} | set(range(0x80))
+        return CodepointSet((c, c) for c in sorted(cps))
+
     def encode_chunk(self, data: bytes) -> Tuple[List[int], Chain, Chain]:
-        """BPE of one chunk's bytes, with the chains of tokens covering its first and last byte."""
-        syms = [int(self.unit[b]) for b in data]
-        if any(s < 0 for s in syms):
+        """BPE of one chunk's bytes, with the chains of tokens covering its first and last unit."""
+        syms = self.units(data)
+        if syms is None:
             return [], (), ()
         n = len(syms)
         born = [-1] * n

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 import pynini
@@ -196,3 +196,46 @@ def _topological(n: int, src: np.ndarray, tgt: np.ndarray) -> Optional[List[int]
             if indeg[t] == 0:
                 stack.append(t)
     return order if len(order) == n else None
+
+
+# ---------------------------------------------------------------- restricting regions
+
+
+def restrict(dfa: ByteDFA, allowed: ByteDFA, regions: Tuple[bool, bool]) -> ByteDFA:
+    """The strings of ``dfa`` whose prefix text (before SPLIT; ``regions[0]``) and completion
+    text (after it; ``regions[1]``) are each in ``allowed``'s language where the flag is set."""
+    na = allowed.num_states
+    free = na + 1  # the allowed-state of a region that is not restricted
+    start_a = (0 if regions[0] else free, 0 if regions[1] else free)
+    ids = {(0, start_a[0]): 0}
+    pairs = [(0, start_a[0])]
+    rows, finals = [], []
+    a_delta = np.vstack([allowed.delta[:, :NBYTES], np.full((1, NBYTES), free, np.int32)])  # row na+1: free
+    a_final = np.append(allowed.final >= 0, True)
+    k = 0
+    while k < len(pairs):
+        q, a = pairs[k]
+        k += 1
+        row = np.full(NBYTES + 1, -1, np.int64)
+        q2 = dfa.delta[q, :NBYTES]
+        a2 = a_delta[a]
+        live = np.flatnonzero((q2 != dfa.dead) & (a2 != allowed.dead))
+        for b in live.tolist():
+            key = (int(q2[b]), int(a2[b]))
+            if key not in ids:
+                ids[key] = len(pairs)
+                pairs.append(key)
+            row[b] = ids[key]
+        qs = int(dfa.delta[q, SPLIT_COL])
+        if qs != dfa.dead and a_final[a]:
+            key = (qs, start_a[1])
+            if key not in ids:
+                ids[key] = len(pairs)
+                pairs.append(key)
+            row[SPLIT_COL] = ids[key]
+        rows.append(row)
+        finals.append(dfa.final[q] if a_final[a] else -1)
+    n = len(pairs)
+    delta = np.vstack(rows + [np.full(NBYTES + 1, n, np.int64)])
+    delta[delta < 0] = n
+    return trim(ByteDFA(delta.astype(np.int32), np.append(np.array(finals, np.int16), np.int16(-1))))

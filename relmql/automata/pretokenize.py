@@ -32,7 +32,7 @@ import pynini
 
 from ..cache import cached_json
 from ..errors import ModelError
-from ..models.vocab import Vocabulary
+from ..models.vocab import SENTENCEPIECE, Vocabulary
 from .charset import MAX_CP, CodepointSet
 from .primitives import ONE, TAG, chars_fst, optimize
 
@@ -216,8 +216,48 @@ def whole_text_rules() -> ChunkRules:
                       (_alternative(lambda n: n.plus(n.chars([0]))),))
 
 
+@functools.lru_cache(maxsize=None)
+def run_rules(runs: Tuple[Tuple[int, int], ...]) -> ChunkRules:
+    """Text split around runs of a repeated character: each ``(c, k)`` makes every run of code
+    point ``c`` a chunk of at most ``k`` (longest first), as a tokenizer's added tokens ``c``,
+    ``cc``, ... (``k`` of them, matched leftmost-longest before BPE) split it; the rest of the
+    text between them is one chunk."""
+    if not runs:
+        return whole_text_rules()
+    classes = [CodepointSet.of(c) for c, _ in runs]
+    rest = CodepointSet.of(*(c for c, _ in runs)).complement()
+    alts = [_alternative(lambda n, i=i, k=k: n.cat(n.chars([i]), *[n.opt(n.chars([i])) for _ in range(k - 1)]))
+            for i, (_, k) in enumerate(runs)]
+    alts.append(_alternative(lambda n: n.plus(n.chars([len(runs)]))))
+    name = "runs-" + "-".join(f"{c:x}x{k}" for c, k in runs)
+    return ChunkRules(name, tuple(classes) + (rest,), tuple(alts))
+
+
+def added_runs(vocab: Vocabulary) -> Tuple[Tuple[Tuple[int, int], ...], Tuple[str, ...]]:
+    """The tokenizer's added (non-special) tokens that split text before BPE: runs of one
+    character (``\\n``, ``\\n\\n``, ... as ``(code point, longest)``) and the other strings."""
+    texts = {a["content"] for a in vocab.spec.get("added_tokens", []) if not a.get("special") and a["content"]}
+    runs, other = [], set(texts)
+    for c in sorted({t[0] for t in texts if len(set(t)) == 1}):
+        k = 0
+        while c * (k + 1) in texts:
+            k += 1
+        if k:
+            runs.append((ord(c), k))
+            other -= {c * j for j in range(1, k + 1)}
+    return tuple(runs), tuple(sorted(other))
+
+
+_SP_NORMALIZERS = (  # what a SentencePiece-style tokenizer's normalizer may do: space → ▁, a ▁ in front
+    {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+    {"type": "Prepend", "prepend": "\u2581"},
+)
+
+
 def rules_for(vocab: Vocabulary) -> ChunkRules:
     """The chunking rules of ``vocab``'s tokenizer, or ModelError when relmql cannot model them."""
+    if vocab.kind == SENTENCEPIECE:
+        return _sentencepiece_rules(vocab)
     if vocab.spec.get("normalizer"):
         raise ModelError("canonical tokenization is not supported for tokenizers with a normalizer "
                          f"({json.dumps(vocab.spec['normalizer'])[:80]})")
@@ -241,6 +281,23 @@ def rules_for(vocab: Vocabulary) -> ChunkRules:
     if len(splits) == 1:
         return gpt2_rules()
     raise ModelError("canonical tokenization does not support several splitting pre-tokenizers")
+
+
+def _sentencepiece_rules(vocab: Vocabulary) -> ChunkRules:
+    """SentencePiece-style BPE (Gemma, Llama-2, Mistral): the normalizer turns spaces into ▁ (and
+    may put one in front, ``Vocabulary.prepend``); the whole text is one BPE chunk but for the
+    added tokens, which are cut out first."""
+    norm = vocab.spec.get("normalizer")
+    steps = norm.get("normalizers", []) if norm and norm.get("type") == "Sequence" else ([norm] if norm else [])
+    for step in steps:
+        if step not in _SP_NORMALIZERS:
+            raise ModelError(f"canonical tokenization does not support the normalizer {json.dumps(step)[:120]}")
+    pre = vocab.spec.get("pre_tokenizer")
+    # Gemma's Split on " " runs after the normalizer has turned every space into ▁: it never splits
+    noop_split = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False}
+    if pre and not (pre == noop_split and _SP_NORMALIZERS[0] in steps):
+        raise ModelError(f"canonical tokenization does not support the pre-tokenizer {json.dumps(pre)[:120]}")
+    return run_rules(added_runs(vocab)[0])
 
 
 # ---------------------------------------------------------------- the chunker core (pure Python)

