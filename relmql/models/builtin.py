@@ -66,8 +66,10 @@ def load_gemma3(device: Optional[str] = None, dtype: Optional[str] = None) -> Tr
             return pkg.assemble(cache_dir() / "gguf" / pkg.MODEL_NAME)
         except (OSError, ValueError) as e:
             raise ModelError(f"cannot put the Gemma 3 GGUF file together: {e}", hint=install) from None
-    return load_gguf("gemma3-270m", pkg.EXPECTED_SHA256[:12], locate, device, dtype, bos_id=2, eos_id=1,
-                     takes="about a minute and a half")
+    model = load_gguf("gemma3-270m", pkg.EXPECTED_SHA256[:12], locate, device, dtype, bos_id=2, eos_id=1,
+                      takes="about a minute and a half")
+    (cache_dir() / "gguf" / pkg.MODEL_NAME).unlink(missing_ok=True)  # converted: the chunks stay in the wheels
+    return model
 
 
 def load_gguf(name: str, version: str, locate: Callable[[], Path], device: Optional[str], dtype: Optional[str],
