@@ -57,15 +57,13 @@ class PairTable:
             self.unit = np.array([piece_id.get(b2u[b], -1) for b in range(256)], np.int64)
         else:
             # SentencePiece: a character is a unit when the vocabulary has it ("▁" for space);
-            # a byte below 0x80 that is not is its byte-fallback token <0xNN>
+            # one it lacks is its bytes' byte-fallback tokens <0xNN> (see ``units``)
             self.char_unit: Dict[str, int] = {k: v for k, v in piece_id.items() if len(k) == 1 and k != " "}
             if "\u2581" in self.char_unit:
                 self.char_unit[" "] = self.char_unit.pop("\u2581")
-            fallback = {b: piece_id.get(f"<0x{b:02X}>", -1) for b in range(256)} \
-                if model.get("byte_fallback") else {b: -1 for b in range(256)}
-            self.unit = np.array([self.char_unit.get(chr(b), fallback[b]) if b < 0x80 else -1
-                                  for b in range(256)], np.int64)
-            self.fallback = np.array([fallback[b] for b in range(256)], np.int64)
+            fallback = model.get("byte_fallback")
+            self.fallback = np.array([piece_id.get(f"<0x{b:02X}>", -1) if fallback else -1 for b in range(256)],
+                                     np.int64)
         self.self_canonical = np.zeros(n, bool)
         left: List[Optional[Chain]] = [None] * n
         right: List[Optional[Chain]] = [None] * n

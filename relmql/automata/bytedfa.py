@@ -207,8 +207,15 @@ def restrict(dfa: ByteDFA, allowed: ByteDFA, regions: Tuple[bool, bool]) -> Byte
     na = allowed.num_states
     free = na + 1  # the allowed-state of a region that is not restricted
     start_a = (0 if regions[0] else free, 0 if regions[1] else free)
-    ids = {(0, start_a[0]): 0}
-    pairs = [(0, start_a[0])]
+    ids = {}
+    pairs = []
+
+    def state(key) -> int:
+        if key not in ids:
+            ids[key] = len(pairs)
+            pairs.append(key)
+        return ids[key]
+    state((0, start_a[0]))
     rows, finals = [], []
     a_delta = np.vstack([allowed.delta[:, :NBYTES], np.full((1, NBYTES), free, np.int32)])  # row na+1: free
     a_final = np.append(allowed.final >= 0, True)
@@ -221,18 +228,10 @@ def restrict(dfa: ByteDFA, allowed: ByteDFA, regions: Tuple[bool, bool]) -> Byte
         a2 = a_delta[a]
         live = np.flatnonzero((q2 != dfa.dead) & (a2 != allowed.dead))
         for b in live.tolist():
-            key = (int(q2[b]), int(a2[b]))
-            if key not in ids:
-                ids[key] = len(pairs)
-                pairs.append(key)
-            row[b] = ids[key]
+            row[b] = state((int(q2[b]), int(a2[b])))
         qs = int(dfa.delta[q, SPLIT_COL])
         if qs != dfa.dead and a_final[a]:
-            key = (qs, start_a[1])
-            if key not in ids:
-                ids[key] = len(pairs)
-                pairs.append(key)
-            row[SPLIT_COL] = ids[key]
+            row[SPLIT_COL] = state((qs, start_a[1]))
         rows.append(row)
         finals.append(dfa.final[q] if a_final[a] else -1)
     n = len(pairs)

@@ -84,15 +84,15 @@ class TokenAutomaton:
         dfa = language.dfa
         if vocabulary.prepend:
             dfa = _with_prepend(dfa, vocabulary.prepend)
-        self.dfa = self._producible(dfa)
+        # without a prefix, the prefix region is empty and its tokenization does not matter
+        self.canonical = (prefix_tokenization == "canonical" and language.has_prefix, tokenization == "canonical")
+        dfa = self._producible(dfa)
+        if any(self.canonical) and vocabulary.kind == SENTENCEPIECE:
+            dfa = self._canonical_part(dfa)
+        self.dfa = dfa
         self.delta = self.dfa.delta
         self.dead = self.dfa.dead
         self.phase = _phases(self.dfa)
-        # without a prefix, the prefix region is empty and its tokenization does not matter
-        self.canonical = (prefix_tokenization == "canonical" and language.has_prefix, tokenization == "canonical")
-        if any(self.canonical) and vocabulary.kind == SENTENCEPIECE:
-            self.dfa = self._canonical_part(self.dfa)
-            self.delta, self.dead, self.phase = self.dfa.delta, self.dfa.dead, _phases(self.dfa)
         self.bq = max(1, int(self.dfa.num_states + 1).bit_length())
         self.bt = 0
         self.tracker = self.pairs = None
@@ -470,11 +470,7 @@ class TokenAutomaton:
         what = "characters this tokenizer spells with byte-fallback tokens"
         if other:
             what += f" or its added tokens ({', '.join(other[:3])}, ...)"
-        lost = "some"
-        if dfa.num_states <= 1000:
-            total, left = count_strings(dfa), count_strings(kept)
-            if total is not None and left is not None:
-                lost = format_count(total - left)
+        lost = _lost(dfa, kept)
         if kept.is_empty():
             raise CompileError(f"canonical tokenization of these strings is not supported: they contain {what}",
                                hint="use tokenization all (and prefix_tokenization all)")
@@ -494,18 +490,23 @@ class TokenAutomaton:
         delta[:, used] = dfa.dead
         kept = trim(ByteDFA(delta, dfa.final.copy()))
         shown = ", ".join(f"0x{b:02X}" for b in used[:8])
-        lost = "some"
-        if dfa.num_states <= 1000:  # counting big languages costs more than the message is worth
-            total, left = count_strings(dfa), count_strings(kept)
-            if total is not None and left is not None:
-                lost = format_count(total - left)
-        msg = (f"{lost} strings of this query cannot be produced by this model: its vocabulary has no "
+        msg = (f"{_lost(dfa, kept)} strings of this query cannot be produced by this model: its vocabulary has no "
                f"token containing byte(s) {shown}")
         if kept.is_empty():
             raise CompileError("no string of this query can be produced by this model: its vocabulary "
                                f"has no token containing byte(s) {shown}")
         self.warnings.append(msg)
         return kept
+
+
+def _lost(dfa: ByteDFA, kept: ByteDFA) -> str:
+    """How many strings of ``dfa`` ``kept`` lacks, for a message ("some" for big languages, where
+    counting costs more than the message is worth)."""
+    if dfa.num_states <= 1000:
+        total, left = count_strings(dfa), count_strings(kept)
+        if total is not None and left is not None:
+            return format_count(total - left)
+    return "some"
 
 
 @functools.lru_cache(maxsize=4)
