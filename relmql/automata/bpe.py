@@ -64,6 +64,7 @@ class PairTable:
             fallback = model.get("byte_fallback")
             self.fallback = np.array([piece_id.get(f"<0x{b:02X}>", -1) if fallback else -1 for b in range(256)],
                                      np.int64)
+            self.fallback_splits = self._fallback_splits(piece_id)
         self.self_canonical = np.zeros(n, bool)
         left: List[Optional[Chain]] = [None] * n
         right: List[Optional[Chain]] = [None] * n
@@ -114,6 +115,19 @@ class PairTable:
                 else:
                     syms.extend(int(self.fallback[b]) for b in c.encode("utf-8"))
         return None if not syms or any(s < 0 for s in syms) else syms
+
+    def _fallback_splits(self, piece_id: Dict[str, int]) -> bool:
+        """Whether a character the vocabulary lacks (above ASCII) is a hard boundary spelt only by
+        its bytes' fallback tokens: every byte has one, no merge involves one (so BPE never merges
+        across it), and no token holds a character that is not a unit (so no other token spells
+        it)."""
+        high = set(self.fallback[0x80:].tolist())
+        if -1 in high:
+            return False
+        if any(ia in high or ib in high for ia, ib in self.merges):
+            return False
+        return all(len(k) == 1 or all(c in self.char_unit or c == "\u2581" for c in k)
+                   for k, v in piece_id.items() if v not in high)
 
     def known(self) -> "CodepointSet":
         """The characters a SentencePiece vocabulary has as units, and every ASCII character

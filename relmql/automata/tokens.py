@@ -104,7 +104,11 @@ class TokenAutomaton:
             except ModelError as e:
                 raise CompileError(e.message, hint="use tokenization all (every tokenization of each string)") from None
             self.bt = Tracker.MAX_STATES.bit_length()
-            if self.bq + self.bt + len(self.pairs.class_chain).bit_length() > 63:
+            # lam past the pair classes: inside a character spelt with byte-fallback tokens
+            self.fb_base = len(self.pairs.class_chain)
+            self.fb = _fallback_chars(vocabulary) if getattr(self.pairs, "fallback_splits", False) else None
+            lams = self.fb_base + (len(self.fb[1]) if self.fb is not None else 0)
+            if self.bq + self.bt + lams.bit_length() > 63:
                 raise CompileError(f"the automaton is too large for canonical tokenization "
                                    f"({self.dfa.num_states:,} byte states)", hint="use tokenization all")
         self.start = self._pack(0, self._fresh(0), 0)
@@ -112,7 +116,7 @@ class TokenAutomaton:
         self._arcs_cache = _Lru(CACHE_BYTES // 2)
         self._live_cache: Dict[tuple, object] = {}
         self._alive_memo: Dict[tuple, bool] = {}
-        self._counts: Dict[Tuple[int, int, bool], int] = {}
+        self._counts: Dict[Tuple[int, int, int], int] = {}
 
     def set_cache_budget(self, nbytes: int) -> None:
         """Keep at most about ``nbytes`` of cached transitions (least recently used are dropped
@@ -253,12 +257,41 @@ class TokenAutomaton:
                 for m in members.tolist():
                     keep[m] = self._alive(int(self._pack(q2, t2, lam2[m])), region, LOOKAHEAD)
         toks, tq, end, lam2 = toks[keep], tq[keep], end[keep], lam2[keep]
+        if self.fb is not None and len(toks) > 1 and (np.diff(toks) < 0).any():  # byte-fallback tokens appended
+            order = np.argsort(toks, kind="stable")
+            toks, tq, end, lam2 = toks[order], tq[order], end[order], lam2[order]
         return toks, self._pack(tq, end, lam2)
 
     def _step(self, q: int, tau: int, lam: int, region: int):
         """The tokens allowed from (q, tau, lam) in a canonical region, with their byte state,
         tracker state and right-edge class, keeping those whose (byte state, tracker state) can
         still finish the region; and the children grouped by (byte state, tracker state)."""
+        if lam >= self.fb_base:
+            return self._fallback_step(q, lam - self.fb_base, region)
+        toks, tq, end, lam2, groups = self._bpe_step(q, tau, lam, region)
+        if self.fb is not None and self.tracker.accepts_end(tau):
+            f_toks, f_tq, f_end, f_lam = self._fallback_step(q, 0, region)[:4]
+            if len(f_toks):
+                toks, tq, end, lam2 = (np.concatenate(x) for x in ((toks, f_toks), (tq, f_tq), (end, f_end),
+                                                                    (lam2, f_lam)))
+        return toks, tq, end, lam2, groups
+
+    def _fallback_step(self, q: int, f: int, region: int):
+        """The byte-fallback tokens allowed at byte state ``q``, ``f`` bytes into a character the
+        vocabulary lacks (state 0: at its start). Such a character is a chunk of its own (BPE
+        never merges across it): before it the chunk ends, after it a fresh one begins."""
+        fdelta, ffinal, ftoks = self.fb
+        byts = np.flatnonzero((fdelta[f] >= 0) & (self.delta[q, :256] != self.dead))
+        f2 = fdelta[f, byts]
+        tq = self.delta[q, byts].astype(np.int64)
+        done = ffinal[f2]
+        end = np.full(len(byts), self._fresh(region), np.int64)
+        lam2 = np.where(done, 0, self.fb_base + f2).astype(np.int64)
+        toks = ftoks[byts]
+        order = np.argsort(toks, kind="stable")
+        return toks[order], tq[order], end[order], lam2[order], []
+
+    def _bpe_step(self, q: int, tau: int, lam: int, region: int):
         toks, tq = self._dfa_arcs(q)
         pairs, tracker = self.pairs, self.tracker
         keep = pairs.self_canonical[toks]
@@ -418,11 +451,14 @@ class TokenAutomaton:
             for t, n, p in zip(arcs.tokens.tolist(), arcs.targets.tolist(), arcs.prefix.tolist()):
                 stack.append((n, toks + (t,), npre + p))
 
-    def count_paths(self, state: int, max_tokens: int, prefix_only: bool = False) -> int:
+    def count_paths(self, state: int, max_tokens: int, prefix_only: bool = False, nodes: bool = False) -> int:
         """The number of accepted token paths of at most ``max_tokens`` tokens from ``state``
-        (with ``prefix_only``: paths to the end of the prefix). Cycles are unrolled."""
+        (with ``prefix_only``: paths to the end of the prefix; with ``nodes`` too: every token
+        sequence that begins the prefix, the empty one included — the prefix's token tree).
+        Cycles are unrolled."""
         memo = self._counts
-        root = (int(state), int(max_tokens), bool(prefix_only))
+        pre = bool(prefix_only) + bool(prefix_only and nodes)
+        root = (int(state), int(max_tokens), pre)
         stack = [root]
         while stack:  # depth-first, without recursion: a child's count before its parent's
             key = stack[-1]
@@ -430,22 +466,15 @@ class TokenAutomaton:
                 stack.pop()
                 continue
             s, budget, pre = key
-            targets = self._count_targets(s, pre) if budget else ([], [])
+            targets = self._count_targets(s, pre > 0) if budget else ([], [])
             missing = [(t, budget - 1, pre) for t in targets[0] if (t, budget - 1, pre) not in memo]
             if missing:
                 stack.extend(missing)
                 continue
             stack.pop()
-            memo[key] = self._ends_here(s, pre) + sum(
+            memo[key] = (1 if pre == 2 else self._ends_here(s, pre > 0)) + sum(
                 c * memo[(t, budget - 1, pre)] for t, c in zip(*targets))
         return memo[root]
-
-    def _ends_here(self, state: int, prefix_only: bool) -> int:
-        if not prefix_only:
-            return int(self.is_final(state))
-        q, tau, _ = self.unpack(state)
-        return int(self.phase[q] == 0 and self.delta[q, SPLIT_COL] != self.dead
-                   and (not self.canonical[0] or self.tracker.accepts_end(tau)))
 
     def _count_targets(self, state: int, prefix_only: bool):
         if prefix_only and self.phase[self.unpack(state)[0]] != 0:
@@ -458,8 +487,9 @@ class TokenAutomaton:
     # -- producibility
     def _canonical_part(self, dfa: ByteDFA) -> ByteDFA:
         """Leave out (and report) the strings whose canonical SentencePiece tokenization relmql
-        does not model: characters spelt with several byte-fallback tokens, and added tokens
-        (other than runs of one character) that the tokenizer cuts out before BPE."""
+        does not model: added tokens (other than runs of one character) that the tokenizer cuts
+        out before BPE, and characters spelt with several byte-fallback tokens where those are
+        not chunks of their own."""
         try:
             allowed, other = _sentencepiece_allowed(self.vocabulary)
         except ModelError:
@@ -467,9 +497,11 @@ class TokenAutomaton:
         kept = restrict(dfa, allowed, self.canonical)
         if kept.num_states == dfa.num_states and kept.num_arcs == dfa.num_arcs:
             return dfa
-        what = "characters this tokenizer spells with byte-fallback tokens"
+        parts = [] if _pair_table(self.vocabulary).fallback_splits else [
+            "characters this tokenizer spells with byte-fallback tokens"]
         if other:
-            what += f" or its added tokens ({', '.join(other[:3])}, ...)"
+            parts.append(f"its added tokens ({', '.join(other[:3])}, ...)")
+        what = " or ".join(parts)
         lost = _lost(dfa, kept)
         if kept.is_empty():
             raise CompileError(f"canonical tokenization of these strings is not supported: they contain {what}",
@@ -510,14 +542,32 @@ def _lost(dfa: ByteDFA, kept: ByteDFA) -> str:
 
 
 @functools.lru_cache(maxsize=4)
+def _fallback_chars(vocab: Vocabulary) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The characters (above ASCII) a SentencePiece vocabulary lacks, as a small DFA over their
+    UTF-8 bytes: ``delta[f, byte]`` (-1: none), ``final[f]``, and the byte-fallback token of each
+    byte."""
+    from .charset import MAX_CP, CodepointSet
+    from .primitives import chars_fst, optimize
+    pairs = _pair_table(vocab)
+    lacking = pairs.known().complement().intersection(CodepointSet([(0x80, MAX_CP)]))
+    dfa = to_dfa(optimize(chars_fst(lacking), 1_000_000))
+    delta = dfa.delta[:-1, :256].astype(np.int64)
+    delta[delta == dfa.dead] = -1
+    return delta, dfa.final[:-1] >= 0, pairs.fallback.copy()
+
+
+@functools.lru_cache(maxsize=4)
 def _sentencepiece_allowed(vocab: Vocabulary) -> Tuple[ByteDFA, Tuple[str, ...]]:
-    """The texts whose canonical tokenization relmql models for a SentencePiece vocabulary:
-    every character a unit of the vocabulary or ASCII, and no added token but runs of one
-    character; and the added tokens that are left out."""
+    """The texts whose canonical tokenization relmql models for a SentencePiece vocabulary: no
+    added token but runs of one character, and (unless such characters are byte-fallback chunks
+    of their own, ``PairTable.fallback_splits``) every character a unit of the vocabulary or
+    ASCII; and the added tokens that are left out."""
+    from .charset import ALL
     from .pretokenize import added_runs
     from .primitives import bytes_fst, chars_fst, difference, optimize, sigma_star
     _, other = added_runs(vocab)
-    known = chars_fst(_pair_table(vocab).known()).closure()
+    pairs = _pair_table(vocab)
+    known = chars_fst(ALL if pairs.fallback_splits else pairs.known()).closure()
     if other:
         inner = bytes_fst(other[0].encode("utf-8"))
         for t in other[1:]:

@@ -145,6 +145,7 @@ class ShortestPathSearch:
         stops the search (``stats.stop``)."""
         if self.opts.limit == 0:
             return
+        self.check_prefix_paths()
         self.consider(_Node(None, None, self.automaton.start, True, 0, 0, 0.0, 0.0, self.node_key(0.0, 0.0, True)))
         while self.batch or self.queue:
             if cancel is not None and cancel.is_set():
@@ -356,10 +357,24 @@ class ShortestPathSearch:
             self.push(node.kid_key(0), CHILD, node, 0)
         stats.prefix = self.prefix_expanded
         if self.by_prob and self.prefix_expanded > opts.max_prefix_nodes:
-            raise ExecutionError(
-                f"ORDER BY prob needs the distribution after every prefix, and this prefix has more than "
-                f"{opts.max_prefix_nodes:,} token paths", hint="use ORDER BY total_prob, a canonical prefix "
-                "tokenization, or a narrower PREFIX")
+            raise self.too_many_prefix_paths(f"more than {opts.max_prefix_nodes:,}")
+
+    def check_prefix_paths(self) -> None:
+        """Under ``prob``, refuse before the first model call a prefix whose token tree has more
+        nodes than ``max_prefix_nodes``: each would be expanded before the first row."""
+        if not self.by_prob:
+            return
+        nodes = self.automaton.count_paths(self.automaton.start, self.opts.max_prefix_tokens, prefix_only=True,
+                                           nodes=True)
+        if nodes > self.opts.max_prefix_nodes:
+            raise self.too_many_prefix_paths(f"{nodes:,}")
+
+    def too_many_prefix_paths(self, count: str) -> ExecutionError:
+        return ExecutionError(
+            f"ORDER BY prob needs the distribution after every prefix, and the tokenizations of this prefix "
+            f"make {count} token sequences to read first (max_prefix_nodes is {self.opts.max_prefix_nodes:,})",
+            hint="use ORDER BY total_prob (it reads only the likely tokenizations of the prefix), a canonical "
+                 "prefix tokenization, or a narrower PREFIX")
 
     def bound(self) -> Optional[Stop]:
         """The bound that stops the search before its next model call, if one does (and the most
