@@ -110,13 +110,8 @@ def test_random_regexes_match_re(pattern, flags):
     ("(?<=a)b", "look-behind", (0, 6)),
     (r"a\bc", "word boundaries", (1, 3)),
     (r"a\B", "word boundaries", (1, 3)),
-    ("a^b", "not at the start", (1, 2)),
-    ("a$b", "not at the end", (1, 2)),
-    (r"a\Ab", "not at the start", (1, 3)),
-    ("(^a)*", "not at the start", (1, 2)),
-    ("a*+", "possessive", (1, 3)),
-    ("(?>a)", "atomic", (0, 5)),
-    ("(a)(?(1)b|c)", "conditional", (3, 12)),
+    ("(a(?(1)b|c))", "a conditional inside group 1, the group it tests", (2, 11)),
+    ("(?:(a)x|(a)b)*+(?(1)c|d)", "inside a possessive repetition", (15, 24)),
     (r"\q", "bad escape", (0, 1)),
 ])
 def test_regex_errors_point_inside_the_pattern(pattern, message, span):
@@ -129,6 +124,91 @@ def test_regex_errors_point_inside_the_pattern(pattern, message, span):
     assert pattern in rendered
     caret = rendered.splitlines()[2]
     assert caret.index("^") - 2 == span[0]
+
+
+# ---- constructs whose set of strings depends on the engine's order: atomic groups, possessive
+# repetitions, conditionals, anchors inside the pattern (automata/backtrack.py)
+
+BACKTRACKING = [  # (pattern, alphabet): every string up to 6 characters against re.fullmatch
+    ("(?>a|ab)c", "abc"), ("(?>ab|a)c", "abc"), ("(?>a*)a|b", "ab"), ("(?>a*?)a", "ab"), ("(?>a+)b", "ab"),
+    ("(?>(?:a|b)*)b|a", "ab"), ("(?>a|b)*c", "abc"), ("(?>x(?:a|ab))c?", "xabc"), ("(?>(?>a|ab)c|abd)", "abcd"),
+    ("a*+", "ab"), ("a*+a|b", "ab"), ("a++b", "ab"), ("a?+a", "ab"), ("a{1,3}+a", "ab"), ("a{,2}+b", "ab"),
+    ("(?:ab|a)*+b", "ab"), ("(?:a|ab)++c", "abc"), ("(?:a*)*+b", "ab"), ("(?:a?)++b", "ab"), ("(?:|a)*+b", "ab"),
+    ("[ab]*+b|a", "ab"), ("(?:a|b)*+c", "abc"),
+    ("(a)?(?(1)b|c)", "abc"), ("(?P<x>a)?(?(x)b|c)", "abc"), ("(a)?(?(1)b)", "abc"), ("(?(1)a|b)(c)", "abc"),
+    ("(?:(a)|b)*(?(1)c|d)", "abcd"), ("(a)*(?(1)b|c)*", "abc"), ("(?:(a)|b)(?(1)c|d)+", "abcd"),
+    ("((a)|b)(?(2)c|d)(?(1)x|y)", "abcdxy"), ("(?>(a)|b)(?(1)c|d)", "abcd"),
+    ("(?m)(?:^[a-z]{3}\n?)+", "ab\n"), ("(?:^|a)+", "ab"), ("a*(^a)", "ab"), ("a$\n", "a\n"), (r"a\Z\n?", "a\n"),
+    ("(?m)a$\n^b", "ab\n"), ("(?m)(?:a$\n?)+", "a\n"), ("a$\n?b?", "ab\n"), ("(?:a|\n^)+", "a\n"),
+    ("(?m)(?:^a|b$)*\n?", "ab\n"), (r"(?:\A|b)a+", "ab"), ("a(?:$|b)\n?", "ab\n"), ("(?m)^$\n?", "a\n"),
+    ("(?s)(?>.*)a|a", "ab\n"), ("(?>a$)?\n", "a\n"), ("(?:a|b)*+$\n?", "ab\n"), ("(?i)(?>A|ab)c", "aAbBc"),
+    ("(?>a(?:b|$))+\n?", "ab\n"), ("(?>(a)*)(?(1)b|c)", "abc"),
+]
+
+
+@pytest.mark.parametrize("pattern,alphabet", BACKTRACKING)
+def test_backtracking_constructs_match_re(pattern, alphabet):
+    check(pattern, list(strings(alphabet, 6)))
+
+
+def test_the_issues_examples_are_regular_and_exact():
+    """The constructs of issue 16, each against re.fullmatch on every string of its alphabet."""
+    for pattern in ["(?>ab|a)b", "a*+", "a++", "a?+", "a{1,3}+", "(a)?(?(1)b|c)", "(?m)(?:^[a-z]{3}\n?)+",
+                    "(?:^|a)+", "a*(^a)", "a$\n"]:
+        check(pattern, list(strings("abx\n", 6)))
+    assert language("(?>ab|a)b").num_strings == 1  # the group commits to "ab": only "abb"
+    with pytest.raises(CompileError, match="matches no string"):
+        language("a*+a")  # a*+ takes every a
+
+
+ATOMS_BT = ["a", "b", "\n", "[ab]", ".", "(?:)", "^", "$", r"\A", r"\Z"]
+QUANT_BT = ["*", "+", "?", "*+", "++", "?+", "{0,2}+", "{1,2}+", "*?", "+?", "{2}"]
+
+
+def backtracking_regexes():
+    """Random patterns over atomic groups, possessive and lazy repetitions, anchors anywhere and
+    conditionals on an optional group just before them."""
+    def cond(parts):
+        group, yes, no = parts
+        return f"({group})?(?(1){yes}|{no})"
+    return st.recursive(
+        st.sampled_from(ATOMS_BT),
+        lambda inner: st.one_of(
+            st.tuples(inner, inner).map("".join),
+            st.tuples(inner, inner).map(lambda t: f"{t[0]}|{t[1]}"),
+            inner.map(lambda x: f"(?>{x})"),
+            st.tuples(inner, st.sampled_from(QUANT_BT)).map(lambda t: f"(?:{t[0]}){t[1]}"),
+            st.tuples(inner, inner, inner).map(cond),
+        ),
+        max_leaves=8,
+    )
+
+
+SMALL_BT = list(strings("ab\n", 6))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(backtracking_regexes(), st.sampled_from(["", "(?m)", "(?s)"]))
+def test_random_backtracking_patterns_match_re(pattern, flags):
+    pattern = flags + pattern
+    try:
+        want = np.array([fullmatch(pattern, t) for t in SMALL_BT])
+    except (re.error, SystemError):  # SystemError: a CPython bug in some conditionals
+        return
+    try:
+        got = accepts_all(language(pattern).dfa, SMALL_BT)
+    except (CompileError, RegexError) as e:
+        assert any(m in e.message for m in ("matches no string", "cannot be compiled", "possessive repetition")), \
+            e.message
+        got = np.zeros(len(SMALL_BT), bool) if "matches no string" in e.message else want
+    bad = [t for t, g, w in zip(SMALL_BT, got, want) if g != w]
+    assert not bad, f"{pattern!r}: disagrees with re.fullmatch on {bad[:5]!r}"
+
+
+def test_backtracking_automata_are_bounded():
+    with pytest.raises(CompileError, match="more than 10,000 states") as info:
+        language("(?>(?:a|b)*a(?:a|b){14})c", max_states=10_000)
+    assert "atomic groups" in info.value.hint
 
 
 def test_anchors_at_the_edges_are_allowed():

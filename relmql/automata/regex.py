@@ -3,9 +3,10 @@
 The pattern is first checked by ``re.compile`` itself, so every syntax error is Python's own
 message at Python's own position. The parser below follows CPython's ``re._parser`` step by
 step, but keeps the span of every node and rejects what is not a regular language: back-references,
-look-around, word boundaries, conditional and atomic groups, possessive quantifiers, and anchors
-anywhere but at the very start or end. Alternation order and lazy quantifiers do not change the
-set of strings ``re.fullmatch`` accepts, so they are read and dropped.
+look-around and word boundaries. Alternation order and lazy quantifiers are kept (atomic groups,
+possessive quantifiers and conditionals make the set of strings depend on them); anchors at the
+very start or end are removed, since ``re.fullmatch`` makes them redundant. Conditionals whose
+result Python's engine decides from leftovers of failed attempts are refused with the reason.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class Repeat(Node):
     item: Node
     min: int
     max: Optional[int]  # None: unbounded
+    lazy: bool = False  # x*?: the fewest repetitions first
+    possessive: bool = False  # x*+: as many as possible, never given back
 
 
 @dataclass(frozen=True)
@@ -70,8 +73,29 @@ class Group(Node):
 
 @dataclass(frozen=True)
 class Anchor(Node):
-    """``^``/``\\A`` (kind "start") or ``$``/``\\Z`` (kind "end"); removed by ``strip_anchors``."""
+    """A zero-width assertion; ``kind`` is one of ``ANCHOR_KINDS``. Anchors at the very start or
+    end of the pattern are removed by ``strip_anchors``."""
     kind: str
+
+
+# "start": ^ or \A (position 0); "line start": ^ under (?m) (also after a newline); "end": $
+# (at the end or before a newline that ends the string); "line end": $ under (?m) (also before
+# any newline); "string end": \Z (at the end only)
+ANCHOR_KINDS = ("start", "line start", "end", "line end", "string end")
+
+
+@dataclass(frozen=True)
+class Atomic(Node):
+    """``(?>item)``: the first way ``item`` matches (in backtracking order) is never given up."""
+    item: Node
+
+
+@dataclass(frozen=True)
+class Cond(Node):
+    """``(?(group)yes|no)``: ``yes`` where the group has matched so far, else ``no``."""
+    group: int
+    yes: Node
+    no: Node
 
 
 @dataclass(frozen=True)
@@ -97,7 +121,18 @@ _CHILDREN = {
     Alt: lambda node: node.items,
     Group: lambda node: (node.item,),
     Repeat: lambda node: (node.item,),
+    Atomic: lambda node: (node.item,),
+    Cond: lambda node: (node.yes, node.no),
 }
+
+
+def is_backtracking(node: Node) -> bool:
+    """Whether the set of strings of ``node`` depends on the order in which Python's engine tries
+    alternatives: it holds an atomic group, a possessive repetition, a conditional, or an anchor
+    (which ``strip_anchors`` left because it is not at an edge)."""
+    if isinstance(node, (Anchor, Atomic, Cond)) or (isinstance(node, Repeat) and node.possessive):
+        return True
+    return any(is_backtracking(n) for n in children(node))
 
 
 # ---------------------------------------------------------------- flags
@@ -142,6 +177,7 @@ def parse(pattern: str) -> Pattern:
         raise RegexError(f"relmql cannot read this pattern ({type(e).__name__})", (0, len(pattern)),
                          pattern) from None
     root = strip_anchors(root, pattern)
+    check_conditionals(root, pattern)
     names = tuple(sorted(compiled.groupindex.items(), key=lambda kv: kv[1]))
     return Pattern(root, pattern, compiled.groups, names)
 
@@ -152,6 +188,7 @@ class _Parser:
         self.i = 0
         self.flags = 0
         self.group_count = 0
+        self.group_names = {}
 
     # -- tokenizer (one "char" is a single character or a backslash escape of two)
     def peek(self) -> Optional[str]:
@@ -250,13 +287,9 @@ class _Parser:
                     continue
                 lo, hi = rep
                 item = items.pop()
-                if self.match("?"):
-                    pass  # lazy: same set of strings
-                elif self.peek() == "+":
-                    self.get()
-                    self.unsupported("possessive quantifiers change which strings match and are not "
-                                     "supported; drop the trailing '+'", this_pos, self.i)
-                items.append(Repeat((item.span[0], self.i), item, lo, hi))
+                lazy = self.match("?")
+                possessive = not lazy and self.match("+")
+                items.append(Repeat((item.span[0], self.i), item, lo, hi, lazy, possessive))
             elif this == ".":
                 chars = ALL if flags & FLAG_S else ALL.difference(NEWLINE)
                 items.append(Chars((this_pos, self.i), chars.encodable()))
@@ -267,9 +300,9 @@ class _Parser:
                 elif not nested:
                     flags = self.flags  # a comment, or global flags just read
             elif this == "^":
-                items.append(Anchor((this_pos, self.i), "start"))
+                items.append(Anchor((this_pos, self.i), "line start" if flags & FLAG_M else "start"))
             elif this == "$":
-                items.append(Anchor((this_pos, self.i), "end"))
+                items.append(Anchor((this_pos, self.i), "line end" if flags & FLAG_M else "end"))
             else:  # pragma: no cover - re.compile accepted it
                 raise AssertionError(this)
         if len(items) == 1:
@@ -307,6 +340,7 @@ class _Parser:
             if c == "P":
                 if self.match("<"):
                     name = self.getuntil(">")
+                    self.group_names[name] = self.group_count + 1
                 else:  # (?P=name)
                     self.getuntil(")")
                     self.unsupported("back-references are not regular and cannot be compiled", start)
@@ -320,12 +354,16 @@ class _Parser:
                 self._skip_group()
                 self.unsupported(f"{kind} assertions are not supported", start)
             elif c == "(":
-                self.getuntil(")")
-                self._skip_group()
-                self.unsupported("conditional groups are not supported", start)
+                cond = self.getuntil(")")
+                group = self.group_names[cond] if cond.isidentifier() else int(cond)
+                yes = self.parse_seq(flags, nested + 1, first=False)
+                no = self.parse_seq(flags, nested + 1, first=False) if self.match("|") else Seq((self.i, self.i), ())
+                self.match(")")
+                return Cond((start, self.i), group, yes, no)
             elif c == ">":
-                self._skip_group()
-                self.unsupported("atomic groups are not supported", start)
+                item = self.parse_alt(flags, nested + 1)
+                self.match(")")
+                return Atomic((start, self.i), item)
             else:  # flags
                 while c not in (":", ")", "-"):
                     add |= FLAGS[c]
@@ -384,7 +422,7 @@ class _Parser:
         c = esc[1]
         span = lambda: (pos, self.i)  # noqa: E731
         if c in "AZ":
-            return Anchor(span(), "start" if c == "A" else "end")
+            return Anchor(span(), "start" if c == "A" else "string end")
         if c in "bB":
             self.unsupported("word boundaries (\\b, \\B) are not supported", pos)
         if c in "dswDSW":
@@ -473,7 +511,7 @@ _ATOMS = r"""(?sx)
   \\(?:[AZbB]|[1-9][0-9]{0,2}|u[dD][89a-fA-F][0-9a-fA-F]{2}|U0000[dD][89a-fA-F][0-9a-fA-F]{2})
 | (?P<one>\\)(?:x[0-9a-fA-F]{0,2}|u[0-9a-fA-F]{0,4}|U[0-9a-fA-F]{0,8}|N\{[^}]*\}|0[0-7]{0,2}|.)
 | \[\^?\]?(?:\\.|[^\\\]])*\]
-| \(\?(?:\#[^)]*\)|P?<[^>]*>|P=[^)]*\)|\([^)]*\)|[aiLmsux-]*[:)])?
+| \(\?(?:\#[^)]*\)|P?<[^>]*>|P=[^)]*\)|\([^)]*\)|>|[aiLmsux-]*[:)])?
 | (?P<zero>\{)0*,?0*\}
 | \{[0-9]*,?[0-9]*\}
 | [{\ud800-\udfff]"""
@@ -526,7 +564,10 @@ def _ignorecase(atom_source: str, chars: CodepointSet, flags: int) -> CodepointS
 
 
 def strip_anchors(node: Node, source: str) -> Node:
-    """Replace anchors at the very start or end by nothing; any other anchor is an error."""
+    """Replace anchors at the very start or end by nothing (``re.fullmatch`` makes them true on
+    every path that reaches them); the others stay, for ``backtrack`` to compile. Anchors inside
+    atomic groups, possessive repetitions and conditionals stay too: there a failing anchor
+    decides which option the engine commits to."""
     return _strip(node, True, True, source)
 
 
@@ -546,12 +587,8 @@ def _strip(node: Node, at_start: bool, at_end: bool, source: str) -> Node:
 
 
 def _strip_anchor(node: Anchor, at_start: bool, at_end: bool, source: str) -> Node:
-    ok = at_start if node.kind == "start" else at_end
-    if not ok:
-        where = "start" if node.kind == "start" else "end"
-        raise RegexError(f"an anchor that is not at the {where} of the pattern cannot be compiled "
-                         "(relmql matches whole strings, so anchors are only allowed at the edges)",
-                         node.span, source)
+    if not (at_start if node.kind in ("start", "line start") else at_end):
+        return node
     return Seq(node.span, ())
 
 
@@ -579,8 +616,11 @@ def _strip_group(node: Group, at_start: bool, at_end: bool, source: str) -> Node
 
 
 def _strip_repeat(node: Repeat, at_start: bool, at_end: bool, source: str) -> Node:
+    if node.possessive:  # a failing anchor makes the engine try the next option: keep it
+        return node
     once = node.max is not None and node.max <= 1
-    return Repeat(node.span, _strip(node.item, at_start and once, at_end and once, source), node.min, node.max)
+    return Repeat(node.span, _strip(node.item, at_start and once, at_end and once, source), node.min, node.max,
+                  node.lazy, node.possessive)
 
 
 _STRIP = {  # the nodes that may hold an anchor; the others stay as they are
@@ -590,3 +630,47 @@ _STRIP = {  # the nodes that may hold an anchor; the others stay as they are
     Group: _strip_group,
     Repeat: _strip_repeat,
 }
+
+
+# ---------------------------------------------------------------- conditionals
+
+
+def check_conditionals(root: Node, source: str) -> None:
+    """Refuse the conditionals ``(?(g)yes|no)`` whose result Python's engine does not decide by
+    whether group g has matched on the way to them.
+
+    Python tests the positions the engine last recorded for the group's start and end, and two
+    kinds of leftovers make that differ from "g has matched": inside group g itself the start
+    is already the new one while the end is still from the group's previous match; and inside
+    a possessive repetition that no ordinary repetition encloses, the engine does not restore
+    the positions a failed attempt recorded, so a group that matched only in an attempt that
+    failed still counts as matched."""
+    groups, conds = {}, []
+
+    def walk(node: Node, ancestors: Tuple[Node, ...]):
+        if isinstance(node, Group) and node.index:
+            groups[node.index] = (node, ancestors)
+        if isinstance(node, Cond):
+            conds.append((node, ancestors))
+        for c in children(node):
+            walk(c, ancestors + (node,))
+
+    walk(root, ())
+    for cond, ancestors in conds:
+        if cond.group not in groups:
+            continue  # pragma: no cover - re.compile checked the number
+        group, above = groups[cond.group]
+        if any(a is group for a in ancestors):
+            raise RegexError(f"a conditional inside group {cond.group}, the group it tests, cannot be compiled: "
+                             "there Python's re compares where this match of the group starts with where "
+                             "its previous match ended, which is not whether the group has matched",
+                             cond.span, source)
+        loops = [k for k, a in enumerate(above) if isinstance(a, Repeat) and a.possessive
+                 and (a.max is None or a.max >= 2)]
+        if loops and not any(isinstance(a, Repeat) and not a.possessive for a in above[:loops[0]]):
+            outer = above[loops[0]]
+            raise RegexError(f"this conditional tests group {cond.group}, which is inside a possessive repetition "
+                             f"(at {outer.span[0]}): there Python's re keeps what a group matched in attempts "
+                             "that failed, so the test depends on the engine's search order, not on the "
+                             "pattern; use a greedy repetition inside an atomic group, (?>(?:...)*)",
+                             cond.span, source)

@@ -14,6 +14,7 @@ import pynini
 
 from ..errors import CompileError
 from . import regex as rx
+from .backtrack import backtrack_fst
 from .primitives import (EPS, bytes_fst, chars_fst, concat_all, empty_fst, epsilon_fst, fst_arrays, fst_from_arrays,
                          is_final, optimize, ranges_fst)
 
@@ -34,6 +35,8 @@ def check_source(source: str, max_states: int) -> None:
 
 def regex_fst(pattern: rx.Pattern, max_states: int) -> pynini.Fst:
     """The acceptor of ``pattern``'s language over bytes (optimized)."""
+    if rx.is_backtracking(pattern.root):
+        return backtrack_fst(pattern, max_states)  # atomic, possessive, conditional or inner anchors
     root = simplify(pattern.root)
     est = estimate_states(root)
     if est > max_states:
@@ -88,6 +91,9 @@ _GROWTH = {
     rx.Alt: lambda node: sum(_growth(n) for n in node.items) + 1,
     rx.Group: lambda node: _growth(node.item),
     rx.Repeat: _repeat_growth,
+    rx.Anchor: lambda node: 0,
+    rx.Atomic: lambda node: _growth(node.item),
+    rx.Cond: lambda node: _growth(node.yes) + _growth(node.no) + 1,
 }
 
 
@@ -103,6 +109,9 @@ _NULLABLE = {
     rx.Alt: lambda node: any(_nullable(n) for n in node.items),
     rx.Group: lambda node: _nullable(node.item),
     rx.Repeat: lambda node: node.min == 0 or _nullable(node.item),
+    rx.Anchor: lambda node: True,
+    rx.Atomic: lambda node: _nullable(node.item),
+    rx.Cond: lambda node: _nullable(node.yes) or _nullable(node.no),
 }
 
 
