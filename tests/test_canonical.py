@@ -19,7 +19,9 @@ from conftest import enumerate_paths, segmentations, token_index
 CANON = CompileOptions()
 TRICKY = list("ab c.'\n0 ") + ["é", "東", "😀", "’", "\t", "\n\n", "'s", "'re", "'ll", "  ", "\u00a0", "\u2003",
                                "\x1c", "\u1c89", "٣", "A", "ſ", "\r\n", "!?", "1", "\u0132", "\U0001f9cc"]
-VOCABS = ["gpt2_vocab", "smol_vocab", "gemma_vocab"]
+# byte-level BPE (GPT-2, SmolLM2), SentencePiece-style BPE as a normalizer (Gemma 3) and as a
+# Metaspace pre-tokenizer that prepends ▁ (Mistral 7B, as Llama-2)
+VOCABS = ["gpt2_vocab", "smol_vocab", "gemma_vocab", "mistral_vocab"]
 
 
 def canonical_paths(pattern, vocab, prefix=None, options=CANON):
@@ -30,8 +32,9 @@ def canonical_paths(pattern, vocab, prefix=None, options=CANON):
 def test_single_strings_have_exactly_their_encoding(request, vocab_name):
     vocab = request.getfixturevalue(vocab_name)
     rng = random.Random(3)
-    if vocab.kind == SENTENCEPIECE:  # TRICKY has characters Gemma spells with several byte-fallback tokens
-        assert {c for c in "".join(TRICKY) if ord(c) >= 0x80 and c not in PairTable(vocab).char_unit}
+    if vocab.kind == SENTENCEPIECE:  # TRICKY has characters spelt with several byte-fallback tokens
+        units = PairTable(vocab).char_unit
+        assert {c for c in "".join(TRICKY) if ord(c) >= 0x80 and c not in units}
     for _ in range(40 if vocab.kind == SENTENCEPIECE else 60):  # Gemma's 262,144 tokens: fewer strings
         s = "".join(rng.choice(TRICKY) for _ in range(rng.randint(1, 7)))
         got = [toks for toks, _ in canonical_paths(re.escape(s), vocab)]
@@ -49,8 +52,11 @@ def test_finite_language_equals_the_set_of_encodings(request, vocab_name, pieces
     pattern = "(" + "|".join(map(re.escape, pieces)) + "){0,3}"
     texts = {"".join(t) for n in range(4) for t in itertools.product(pieces, repeat=n)}
     got = [toks for toks, _ in canonical_paths(pattern, vocab)]
-    assert len(got) == len(set(got)) == len(texts)
-    assert set(got) == {tuple(vocab.encode(t)) for t in texts}
+    want = {tuple(vocab.encode(t)) for t in texts}
+    assert len(got) == len(set(got))  # one path per encoding
+    assert set(got) == want
+    # one encoding per text, but where Mistral's tokenizer reads " a" as it reads "a" (Metaspace)
+    assert len(want) == len(texts) or vocab.prepend_unless_there
 
 
 def random_member(rng, pieces, max_n):
@@ -124,6 +130,30 @@ def test_prefix_and_completion_are_tokenized_separately(gpt2_vocab):
     check(CompileOptions(prefix_tokenization="all"), lambda t, r: every(t, r) if r == 0 else canon(t, r))
 
 
+def test_metaspace_leading_spaces_and_prefix(mistral_vocab):
+    """Mistral's (and Llama-2's) tokenizer as transformers converts it puts ▁ in front of a text
+    unless it starts with a space: " x" reads as "x", "  x" as itself, "" as nothing. With a
+    prefix, the prefix is the text's start (the tokenizer's own encoding) and the completion is
+    BPE of its own bytes."""
+    vocab = mistral_vocab
+    texts = ["", " ", "  ", "x", " x", "  x", "   x y", "\nx", " \nx", "é", " é"]
+    pattern = "|".join(map(re.escape, texts))
+    got = canonical_paths(pattern, vocab)
+    assert {t for t, _ in got} == {tuple(vocab.encode(s)) for s in texts}
+    assert len(got) == len({tuple(vocab.encode(s)) for s in texts})
+    for toks, _ in got:
+        assert vocab.encode(vocab.decode(toks)) == list(toks)
+    bpe = vocab.tokenizer.backend_tokenizer.model
+    got = canonical_paths("The capital of (France|Italy) is (Paris|Rome)\\.?", vocab, "The capital of (France|Italy) is")
+    assert len(got) == 8
+    for toks, n in got:
+        text = vocab.decode(toks)
+        prefix = text[:text.index(" is") + 3]
+        assert list(toks[:n]) == vocab.encode(prefix)
+        word = vocab.token_bytes(toks[n:]).decode().replace(" ", "\u2581")
+        assert list(toks[n:]) == [t.id for t in bpe.tokenize(word)]
+
+
 def test_prefix_with_trailing_space_keeps_its_own_encoding(gpt2_vocab):
     got = canonical_paths("born on (May|June)", gpt2_vocab, "born on ")
     enc = gpt2_vocab.encode
@@ -163,23 +193,42 @@ def _utf8(data: bytes) -> bool:
 
 
 def test_sentencepiece_added_tokens_and_byte_fallback(gemma_vocab):
-    """Gemma's tokenizer cuts runs of newlines and tabs (added tokens, longest first) out of the
-    text before BPE; ASCII characters it lacks are byte-fallback units; other characters it lacks
-    are their bytes' fallback tokens, a chunk of their own; other added tokens are left out of
-    canonical tokenization, with a warning."""
+    """Gemma's tokenizer cuts runs of newlines and tabs (added tokens, longest first) and its
+    other added tokens (markup: <b>, </table>) out of the text before BPE; ASCII characters it
+    lacks are byte-fallback units; other characters it lacks are their bytes' fallback tokens, a
+    chunk of their own; the text of a special token (<eos>) is that token, which relmql never
+    generates, so strings that hold one are left out of canonical tokenization, with a warning."""
     vocab = gemma_vocab
     texts = ["a\n\nb", "\n" * 40 + "x", "x\t\t\ty", " \n \t ", "a\rb\x00c", "The capital of France is Paris",
-             "a\u0132b", "\n\u0132\u0132\n", "x \U0001f9cc y", "\u0132"]
+             "a\u0132b", "\n\u0132\u0132\n", "x \U0001f9cc y", "\u0132", "a<b>c", "<b>x</b>", "x <table> y",
+             "<b><b>", "<b", "b>", "</b>\n\n<i>", "a\u0132<b>\U0001f9cc", "<</b>>", "<br><hr>\t<b"]
     for s in texts:
         assert [toks for toks, _ in canonical_paths(re.escape(s), vocab)] == [tuple(vocab.encode(s))], repr(s)
-    ta = compile("a<b>c|a\\.c", vocab, None, CANON)
-    assert any("left out of canonical tokenization" in w for w in ta.warnings)
-    assert [vocab.decode(t) for t, _ in enumerate_paths(ta)] == ["a.c"]
+    ta = compile("a<b>c|a\\.c|x<fos>", vocab, None, CANON)
+    assert not ta.warnings
+    assert {t for t, _ in enumerate_paths(ta)} == {tuple(vocab.encode(s)) for s in ["a<b>c", "a.c", "x<fos>"]}
+    assert len(vocab.encode("x<eos>")) == 2  # the special token
+    ta = compile("a<(e|f)os>", vocab, None, CANON)
+    assert [w for w in ta.warnings if "special token" in w and "left out of canonical tokenization" in w]
+    assert [vocab.decode(t) for t, _ in enumerate_paths(ta)] == ["a<fos>"]
+    with pytest.raises(CompileError, match="no string of this query has a canonical tokenization") as info:
+        compile("a<eos>", vocab, None, CANON)
+    assert "tokenization all" in info.value.hint
     ta = compile("a(\u0132|x)c", vocab, None, CANON)  # Ĳ: byte-fallback tokens
     assert {t for t, _ in enumerate_paths(ta)} == {tuple(vocab.encode(s)) for s in ["a\u0132c", "axc"]}
     assert not ta.warnings
-    every = compile("a(\u0132|<b>)c", vocab, None, CompileOptions(tokenization="all"))
-    assert {vocab.decode(t) for t, _ in enumerate_paths(every)} == {"a\u0132c", "a<b>c"}
+    every = compile("a(\u0132|<b>|<eos>)c", vocab, None, CompileOptions(tokenization="all"))
+    assert {vocab.decode(t) for t, _ in enumerate_paths(every)} == {"a\u0132c", "a<b>c", "a<eos>c"}
+
+
+def test_special_token_texts_on_byte_level_vocabularies(gpt2_vocab, smol_vocab):
+    """GPT-2's and SmolLM2's tokenizers read "<|endoftext|>" in a text as the special token: such
+    strings are left out of canonical tokenization (with a warning); the others are exact."""
+    for vocab in (gpt2_vocab, smol_vocab):
+        assert len(vocab.encode("a<|endoftext|>")) == 2
+        ta = compile("a<\\|endoftext\\|>|a<\\|endoftexts\\|>|<\\|e", vocab, None, CANON)
+        assert any("special token" in w for w in ta.warnings)
+        assert {t for t, _ in enumerate_paths(ta)} == {tuple(vocab.encode(s)) for s in ["a<|endoftexts|>", "<|e"]}
 
 
 def test_edits_with_canonical_tokens(gpt2_vocab):

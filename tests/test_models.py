@@ -245,3 +245,28 @@ def test_the_default_dtype_is_float32_and_exact(tiny):
     assert "bfloat16" in approximate("bfloat16", "cpu") and "float16" in approximate("float16", "cpu")
     half = load_model("tiny-gpt2", dtype="bfloat16")
     assert half.approximate.startswith("approximate: the model computes in bfloat16")
+
+
+def _with_added(tokenizer, words, prepend=True):
+    from tokenizers import AddedToken, Tokenizer, normalizers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    if not prepend:
+        tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.add_tokens([AddedToken(w, normalized=False) for w in words])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def test_sentencepiece_added_tokens_are_their_own_chunks(sentencepiece_tokenizer):
+    """Added tokens the tokenizer cuts out before BPE (here <q>, </q>): canonical tokens are the
+    tokenizer's own. Left out, saying so: added tokens that overlap one another (ab, bc), and
+    added tokens with a normalizer that puts ▁ in front (it does so again after each one)."""
+    vocab = from_tokenizer(_with_added(sentencepiece_tokenizer, ["<q>", "</q>"], prepend=False))
+    for text in ["the <q>cat</q>", "<q><q>the", "a<q", "q>the", "the</q> <q>"]:
+        got = [t for t, _ in enumerate_paths(compile(re.escape(text), vocab, None, CompileOptions()))]
+        assert got == [tuple(vocab.encode(text))], text
+    for words, prepend in [(["ab", "bc"], False), (["<q>"], True)]:
+        vocab = from_tokenizer(_with_added(sentencepiece_tokenizer, words, prepend))
+        ta = compile(f"the ({words[0]}c|cat)", vocab, None, CompileOptions())
+        assert any("left out" in w and "added tokens" in w for w in ta.warnings), words
+        assert [vocab.decode(t) for t, _ in enumerate_paths(ta)] == ["the cat"]

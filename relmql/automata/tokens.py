@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, FrozenSet, List, Optional, Tuple
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from ..models.vocab import SENTENCEPIECE, Vocabulary
 from ..records import TOKENIZATIONS
 from .bytedfa import SPLIT_COL, ByteDFA, count_strings, format_count, restrict, to_dfa, trim
 from .language import Language
+from .pretokenize import Tracker, added_runs, added_words, rules_for, tracker_for, word_scanner
 from .trie import VocabTrie, trie_for
 
 CACHE_BYTES = 256 * 2 ** 20  # cached transitions per automaton until a query sets its share of max_memory
@@ -83,12 +84,16 @@ class TokenAutomaton:
         self.trie: VocabTrie = trie_for(vocabulary)
         dfa = language.dfa
         if vocabulary.prepend:
+            if vocabulary.prepend_unless_there:
+                dfa = _absorb_leading(dfa, vocabulary.prepend)
             dfa = _with_prepend(dfa, vocabulary.prepend)
         # without a prefix, the prefix region is empty and its tokenization does not matter
         self.canonical = (prefix_tokenization == "canonical" and language.has_prefix, tokenization == "canonical")
         dfa = self._producible(dfa)
         if any(self.canonical) and vocabulary.kind == SENTENCEPIECE:
             dfa = self._canonical_part(dfa)
+        # the added tokens the tokenizer cuts out of the text, where relmql reads them as such
+        self.tags = _tag_tokens(vocabulary) if any(self.canonical) else None
         self.dfa = dfa
         self.delta = self.dfa.delta
         self.dead = self.dfa.dead
@@ -97,7 +102,6 @@ class TokenAutomaton:
         self.bt = 0
         self.tracker = self.pairs = None
         if any(self.canonical):
-            from .pretokenize import Tracker, rules_for, tracker_for
             try:
                 self.pairs = _pair_table(vocabulary)
                 self.tracker = tracker_for(rules_for(vocabulary))
@@ -112,6 +116,8 @@ class TokenAutomaton:
                 raise CompileError(f"the automaton is too large for canonical tokenization "
                                    f"({self.dfa.num_states:,} byte states)", hint="use tokenization all")
         self.start = self._pack(0, self._fresh(0), 0)
+        if any(self.canonical):
+            self._check_special_texts()
         self._dfa_cache = _Lru(CACHE_BYTES // 2)
         self._arcs_cache = _Lru(CACHE_BYTES // 2)
         self._live_cache: Dict[tuple, object] = {}
@@ -257,7 +263,7 @@ class TokenAutomaton:
                 for m in members.tolist():
                     keep[m] = self._alive(int(self._pack(q2, t2, lam2[m])), region, LOOKAHEAD)
         toks, tq, end, lam2 = toks[keep], tq[keep], end[keep], lam2[keep]
-        if self.fb is not None and len(toks) > 1 and (np.diff(toks) < 0).any():  # byte-fallback tokens appended
+        if len(toks) > 1 and (np.diff(toks) < 0).any():  # byte-fallback or added tokens appended
             order = np.argsort(toks, kind="stable")
             toks, tq, end, lam2 = toks[order], tq[order], end[order], lam2[order]
         return toks, self._pack(tq, end, lam2)
@@ -269,12 +275,35 @@ class TokenAutomaton:
         if lam >= self.fb_base:
             return self._fallback_step(q, lam - self.fb_base, region)
         toks, tq, end, lam2, groups = self._bpe_step(q, tau, lam, region)
-        if self.fb is not None and self.tracker.accepts_end(tau):
-            f_toks, f_tq, f_end, f_lam = self._fallback_step(q, 0, region)[:4]
+        extra = []
+        if (self.fb is not None or self.tags is not None) and self.tracker.accepts_end(tau):
+            if self.fb is not None:
+                extra.append(self._fallback_step(q, 0, region)[:4])
+            if self.tags is not None:
+                extra.append(self._tag_step(q, region))
+        for f_toks, f_tq, f_end, f_lam in extra:
             if len(f_toks):
                 toks, tq, end, lam2 = (np.concatenate(x) for x in ((toks, f_toks), (tq, f_tq), (end, f_end),
                                                                     (lam2, f_lam)))
         return toks, tq, end, lam2, groups
+
+    def _tag_step(self, q: int, region: int):
+        """The added tokens whose text byte state ``q`` can read: each a chunk of its own, as the
+        tokenizer cuts them out before it pre-tokenizes (the tracker keeps their text out of
+        every other chunk)."""
+        key = ("tags", q)
+        got = self._live_cache.get(key)
+        if got is None:
+            ids, data, lens = self.tags
+            state = np.full(len(ids), q, np.int64)
+            for j in range(data.shape[1]):
+                going = lens > j
+                state[going] = self.delta[state[going], data[going, j]]
+            keep = state != self.dead
+            got = self._live_cache[key] = (ids[keep], state[keep])
+        toks, tq = got
+        n = len(toks)
+        return toks, tq, np.full(n, self._fresh(region), np.int64), np.zeros(n, np.int64)
 
     def _fallback_step(self, q: int, f: int, region: int):
         """The byte-fallback tokens allowed at byte state ``q``, ``f`` bytes into a character the
@@ -383,6 +412,9 @@ class TokenAutomaton:
                 if tracker.settled(t1) or self._region_end_ok(q1, t1, region):
                     result = True
                     break
+                if self.tags is not None and tracker.accepts_end(t1) and len(self._tag_step(q1, region)[0]):
+                    result = True  # an added token ends the chunk here (the byte DFA is trimmed)
+                    break
                 if len(seen) > budget:
                     result = True
                     break
@@ -476,6 +508,15 @@ class TokenAutomaton:
                 c * memo[(t, budget - 1, pre)] for t, c in zip(*targets))
         return memo[root]
 
+    def _ends_here(self, state: int, prefix_only: bool) -> int:
+        """1 where a counted path may end at ``state`` (with ``prefix_only``: the prefix may end
+        there), else 0."""
+        if not prefix_only:
+            return int(self.is_final(state))
+        q, tau, _ = self.unpack(state)
+        return int(self.phase[q] == 0 and self.delta[q, SPLIT_COL] != self.dead
+                   and (not self.canonical[0] or self.tracker.accepts_end(tau)))
+
     def _count_targets(self, state: int, prefix_only: bool):
         if prefix_only and self.phase[self.unpack(state)[0]] != 0:
             return [], []
@@ -487,21 +528,15 @@ class TokenAutomaton:
     # -- producibility
     def _canonical_part(self, dfa: ByteDFA) -> ByteDFA:
         """Leave out (and report) the strings whose canonical SentencePiece tokenization relmql
-        does not model: added tokens (other than runs of one character) that the tokenizer cuts
-        out before BPE, and characters spelt with several byte-fallback tokens where those are
-        not chunks of their own."""
+        does not model: characters spelt with several byte-fallback tokens where those are not
+        chunks of their own, and added tokens where ``_tag_tokens`` cannot read them."""
         try:
-            allowed, other = _sentencepiece_allowed(self.vocabulary)
+            allowed, what = _sentencepiece_allowed(self.vocabulary)
         except ModelError:
             return dfa  # not a BPE vocabulary: the pair table's own error follows
         kept = restrict(dfa, allowed, self.canonical)
         if kept.num_states == dfa.num_states and kept.num_arcs == dfa.num_arcs:
             return dfa
-        parts = [] if _pair_table(self.vocabulary).fallback_splits else [
-            "characters this tokenizer spells with byte-fallback tokens"]
-        if other:
-            parts.append(f"its added tokens ({', '.join(other[:3])}, ...)")
-        what = " or ".join(parts)
         lost = _lost(dfa, kept)
         if kept.is_empty():
             raise CompileError(f"canonical tokenization of these strings is not supported: they contain {what}",
@@ -509,6 +544,27 @@ class TokenAutomaton:
         self.warnings.append(f"{lost} string{'' if lost == '1' else 's'} of this query left out of canonical "
                              f"tokenization: they contain {what}; tokenization all includes them")
         return kept
+
+    def _check_special_texts(self) -> None:
+        """Report the strings that hold the text of a special token (``<eos>``): the tokenizer
+        reads that text as the special token, which relmql never produces, so the tracker keeps
+        them out of canonical tokenization; a query with no other string is an error."""
+        words, ids = added_words(self.vocabulary)
+        special = tuple(w for w, i in zip(words, ids) if self.vocabulary.tokens[i] is None)
+        if not special:
+            return
+        found, other = _holds_word(self.dfa, word_scanner(special).delta, self.canonical, self.phase)
+        if not found:
+            return
+        names = ", ".join(w.decode("utf-8", "replace") for w in special[:3]) + (", ..." if len(special) > 3 else "")
+        why = (f"the text of a special token ({names}), which the tokenizer reads as that token and relmql "
+               "never generates")
+        if not other:
+            raise CompileError(f"no string of this query has a canonical tokenization: each holds {why}",
+                               hint="use tokenization all (and prefix_tokenization all) to spell such text "
+                                    "with ordinary tokens")
+        self.warnings.append(f"strings of this query that hold {why} are left out of canonical tokenization; "
+                             "tokenization all spells them with ordinary tokens")
 
     def _producible(self, dfa: ByteDFA) -> ByteDFA:
         """Drop (and report) strings that need a byte no token contains."""
@@ -557,25 +613,83 @@ def _fallback_chars(vocab: Vocabulary) -> Tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 @functools.lru_cache(maxsize=4)
-def _sentencepiece_allowed(vocab: Vocabulary) -> Tuple[ByteDFA, Tuple[str, ...]]:
-    """The texts whose canonical tokenization relmql models for a SentencePiece vocabulary: no
-    added token but runs of one character, and (unless such characters are byte-fallback chunks
-    of their own, ``PairTable.fallback_splits``) every character a unit of the vocabulary or
-    ASCII; and the added tokens that are left out."""
+def _sentencepiece_allowed(vocab: Vocabulary) -> Tuple[ByteDFA, str]:
+    """For a SentencePiece vocabulary, the texts whose canonical tokenization relmql models:
+    every character a unit of the vocabulary or ASCII (unless the others are byte-fallback chunks
+    of their own, ``PairTable.fallback_splits``), and no added token that ``_tag_tokens`` cannot
+    read (special tokens are left to the tracker); and what the others contain, for a message."""
     from .charset import ALL
-    from .pretokenize import added_runs
     from .primitives import bytes_fst, chars_fst, difference, optimize, sigma_star
-    _, other = added_runs(vocab)
     pairs = _pair_table(vocab)
     known = chars_fst(ALL if pairs.fallback_splits else pairs.known()).closure()
-    if other:
-        inner = bytes_fst(other[0].encode("utf-8"))
+    parts = [] if pairs.fallback_splits else ["characters this tokenizer spells with byte-fallback tokens"]
+    words, ids = added_words(vocab)
+    other = [w for w, i in zip(words, ids) if vocab.tokens[i] is not None]
+    if other and _tag_tokens(vocab) is None:
+        inner = bytes_fst(other[0])
         for t in other[1:]:
-            inner = inner.union(bytes_fst(t.encode("utf-8")))
+            inner = inner.union(bytes_fst(t))
         bad = optimize(sigma_star().concat(inner).concat(sigma_star()), 1_000_000)
         known = difference(optimize(known, 1_000_000), bad)
-    return to_dfa(optimize(known, 1_000_000)), other
+        parts.append(f"its added tokens ({', '.join(w.decode('utf-8', 'replace') for w in other[:3])}, ...)")
+    return to_dfa(optimize(known, 1_000_000)), " or ".join(parts)
 
+
+@functools.lru_cache(maxsize=4)
+def _tag_tokens(vocab: Vocabulary) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The added tokens (not special) that the tokenizer cuts out of the text before it
+    pre-tokenizes and relmql reads as tokens of their own: their ids, their bytes as rows of a
+    matrix, and their lengths. None where there are none, or where they are not modelled: their
+    occurrences could overlap (``WordScanner.overlap``), they strip spaces or match only whole
+    words, or a normalizer puts ▁ in front of the text (it does so again after each one)."""
+    words, ids = added_words(vocab)
+    spec = {a["id"]: a for a in vocab.spec.get("added_tokens", [])}
+    tags = [(w, i) for w, i in zip(words, ids) if vocab.tokens[i] is not None]
+    if not tags:
+        return None
+    runs = tuple(chr(c).encode("utf-8") for c, _ in added_runs(vocab)[0]) if vocab.kind == SENTENCEPIECE else ()
+    if (vocab.prepend or word_scanner(words + runs).overlap is not None
+            or any(spec[i].get(k) for _, i in tags for k in ("lstrip", "rstrip", "single_word"))):
+        return None
+    width = max(len(w) for w, _ in tags)
+    data = np.zeros((len(tags), width), np.int64)
+    for k, (w, _) in enumerate(tags):
+        data[k, :len(w)] = np.frombuffer(w, np.uint8)
+    return (np.array([i for _, i in tags], np.int64), data, np.array([len(w) for w, _ in tags], np.int64))
+
+
+def _holds_word(dfa: ByteDFA, scanner: np.ndarray, canonical: Tuple[bool, bool], phase: np.ndarray,
+                budget: int = 2_000_000) -> Tuple[bool, bool]:
+    """Whether some string of ``dfa`` holds a word of ``scanner`` (a ``WordScanner`` table,
+    restarted at the split) inside a canonical region, and whether some string holds none there:
+    breadth first over pairs (byte state, scanner state), until both are known (beyond
+    ``budget`` pairs, a string with no word is assumed)."""
+    nh = len(scanner)
+    seen = {0}  # pair q * nh + h
+    frontier = np.zeros(1, np.int64)
+    found = other = False
+    while len(frontier) and not (found and other):
+        q, h = np.divmod(frontier, nh)
+        other = other or bool((dfa.final[q] >= 0).any())
+        nxt = []
+        for lo in range(0, len(q), 4096):
+            qs, hs = q[lo:lo + 4096], h[lo:lo + 4096]
+            watch = np.array(canonical)[phase[qs]]
+            q2 = dfa.delta[qs, :256].astype(np.int64)
+            h2 = np.where(watch[:, None], scanner[hs], 0)
+            live = q2 != dfa.dead
+            found = found or bool((live & (h2 < 0)).any())
+            ok = live & (h2 >= 0)
+            nxt.append(q2[ok] * nh + h2[ok])
+            split = dfa.delta[qs, SPLIT_COL].astype(np.int64)
+            nxt.append(split[split != dfa.dead] * nh)
+        cand = np.unique(np.concatenate(nxt))
+        cand = cand[[c not in seen for c in cand.tolist()]]
+        seen.update(cand.tolist())
+        frontier = cand
+        if len(seen) > budget:
+            return found, True
+    return found, other
 
 @functools.lru_cache(maxsize=8)
 def _pair_table(vocab: Vocabulary):
@@ -599,9 +713,70 @@ def _phases(dfa: ByteDFA) -> np.ndarray:
     return phase
 
 
+def _absorb_leading(dfa: ByteDFA, prepend: bytes) -> ByteDFA:
+    """For a tokenizer that puts ``prepend`` (one byte) in front of a text unless the text starts
+    with it (``Metaspace``): the texts that, after ``_with_prepend``, spell what the tokenizer
+    reads. A text that starts with ``prepend`` loses it (the tokenizer reads " Hello" as it reads
+    "Hello"); a text starts before the prefix, or after the split when the prefix is empty (a
+    prefix that is ``prepend`` alone becomes an empty one).
+
+    A subset construction over items: an old state q, or ~q, q at a text's start, which does
+    not read ``prepend`` (an item beside it reads the text after it). Sets of one old state are
+    that state; the few others are new states."""
+    if len(prepend) != 1:
+        raise ModelError("relmql models a prepended text of one byte only")
+    p, n, dead, cols = prepend[0], dfa.num_states, dfa.dead, dfa.delta.shape[1]
+    old = dfa.delta.astype(np.int64)
+    s1 = int(old[0, SPLIT_COL])
+    ids: Dict[FrozenSet[int], int] = {}
+    sets: List[FrozenSet[int]] = []
+
+    def state(items) -> int:
+        items = frozenset(i for i in items if i != dead and i != ~dead)
+        if not items:
+            return dead
+        if len(items) == 1 and min(items) >= 0:
+            return min(items)
+        if items not in ids:
+            if len(sets) > n:
+                raise CompileError("the automaton is too large for this tokenizer's leading space",
+                                   hint="use a narrower pattern, or raise max_states")
+            ids[items] = n + 1 + len(sets)
+            sets.append(items)
+        return ids[items]
+
+    def after(item: int, c: int) -> Tuple[int, ...]:
+        if item >= 0:
+            return (int(old[item, c]),)
+        q = ~item
+        if c == p:
+            return ()
+        if c == SPLIT_COL and q == 0 and s1 != dead:
+            return (~s1, int(old[s1, p]))
+        return (int(old[q, c]),)
+
+    start = state([~0, int(old[0, p])])
+    rows = []
+    while len(rows) < len(sets):
+        items = sets[len(rows)]
+        rows.append([state(x for i in items for x in after(i, c)) for c in range(cols)])
+    total = n + 1 + len(sets)  # old states, the old dead row, the new states; a new dead row last
+    delta = np.vstack([old, np.array(rows, np.int64).reshape(len(sets), cols), np.full((1, cols), dead)])
+    delta[delta == dead] = total
+    ends = [[int(dfa.final[i if i >= 0 else ~i]) for i in items] for items in sets]
+    fewest = [min([e for e in es if e >= 0], default=-1) for es in ends]  # the fewest edits
+    final = np.concatenate([dfa.final, np.array(fewest, np.int16), [np.int16(-1)]]).astype(np.int16)
+    order = np.array([start] + [i for i in range(total) if i != start], np.int64)
+    remap = np.empty(total + 1, np.int64)
+    remap[order] = np.arange(total)
+    remap[total] = total
+    return trim(ByteDFA(remap[delta[np.append(order, total)]].astype(np.int32), final[np.append(order, total)]))
+
+
 def _with_prepend(dfa: ByteDFA, prepend: bytes) -> ByteDFA:
     """The language with ``prepend`` in front of the text, inside whichever region the text
-    starts in: before the prefix, or right after the split when the prefix is empty."""
+    starts in: before the prefix, or right after the split when the prefix is empty; the empty
+    text stays empty (tokenizers put nothing in front of it)."""
     n, k = dfa.num_states, len(prepend)
     cols = dfa.delta.shape[1]
     # layout: new start 0; old states 1..n; a copy of the old start without its split (n+1);
@@ -627,6 +802,8 @@ def _with_prepend(dfa: ByteDFA, prepend: bytes) -> ByteDFA:
             delta[b_path[i], b] = b_path[i + 1]
     final = np.full(total + 1, -1, np.int16)
     final[1:n + 1] = dfa.final[:n]
+    if after_split != dfa.dead:
+        final[chain_b[0]] = dfa.final[after_split]  # the empty text: nothing is put in front of it
     return trim(ByteDFA(delta, final))
 
 

@@ -40,7 +40,8 @@ class Vocabulary:
     chat markers) and ids the tokenizer does not define; such tokens never spell text.
     ``prepend`` is what the tokenizer puts in front of every text before splitting it into
     tokens (a space for SentencePiece-style tokenizers), so token sequences spell
-    ``prepend + text``.
+    ``prepend + text``; with ``prepend_unless_there`` (a ``Metaspace`` pre-tokenizer) it does so
+    only when the text does not start with it already.
     """
 
     tokens: List[Optional[bytes]]
@@ -50,6 +51,7 @@ class Vocabulary:
     prepend: bytes = b""
     tokenizer: Any = field(default=None, repr=False, compare=False)
     spec: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    prepend_unless_there: bool = False
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -66,7 +68,7 @@ class Vocabulary:
         fp = self.__dict__.get("_fingerprint")
         if fp is None:
             h = hashlib.sha256()
-            h.update(self.kind.encode() + self.prepend)
+            h.update(self.kind.encode() + self.prepend + bytes([self.prepend_unless_there]))
             for t in self.tokens:
                 h.update(b"\xff" if t is None else len(t).to_bytes(2, "little") + t)
             model = {k: v for k, v in self.spec.get("model", {}).items() if k != "vocab"}
@@ -80,10 +82,15 @@ class Vocabulary:
         return b"".join(self.tokens[i] or b"" for i in ids)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """The text of a token sequence, without what the tokenizer prepends."""
+        """The text of a token sequence, without what the tokenizer prepends. Where it prepends
+        only to a text that lacks it (``prepend_unless_there``), " x" and "x" are both read as
+        " x": that decodes to "x", as the tokenizer's own decoder has it, while "  x" decodes to
+        itself (no text that lacks the space becomes it)."""
         data = self.token_bytes(ids)
-        if self.prepend and data.startswith(self.prepend):
-            data = data[len(self.prepend):]
+        k = len(self.prepend)
+        if k and data.startswith(self.prepend) and not (
+                self.prepend_unless_there and (len(data) == k or data[k:].startswith(self.prepend))):
+            data = data[k:]
         return data.decode("utf-8", errors="replace")
 
     def encode(self, text: str) -> List[int]:
@@ -130,11 +137,13 @@ def from_tokenizer(tokenizer, model_vocab_size: Optional[int] = None, eos_id: Op
     for i, content in added.items():
         tokens[i] = content.encode("utf-8") or None
     prepend = b" " if kind == SENTENCEPIECE and _prepends_space(spec) else b""
+    # Prepend (a normalizer) always puts it in front; Metaspace only where the text lacks it
+    unless_there = bool(prepend) and '"Prepend"' not in json.dumps(spec.get("normalizer"))
     if eos_id is None:
         eos_id = tokenizer.eos_token_id
     if bos_id is None:
         bos_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos_id
-    return Vocabulary(tokens, kind, eos_id, bos_id, prepend, tokenizer, spec)
+    return Vocabulary(tokens, kind, eos_id, bos_id, prepend, tokenizer, spec, unless_there)
 
 
 def _kind(spec: dict) -> str:
