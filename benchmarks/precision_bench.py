@@ -23,7 +23,7 @@ import math
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -86,16 +86,23 @@ def token_errors(models: Dict[str, object], n_texts: int = 20, n_tokens: int = 6
 def rule_logprob(model, toks, n: int, topk: int) -> float:
     """The completion's log-probability (tokens ``n`` on) by direct float32 transformers scoring
     of the whole sequence, with top-k applied as a sampler applies it."""
+    return rule_logprobs(model, toks, n, topk)[0]
+
+
+def rule_logprobs(model, toks, n: int, topk: int) -> Tuple[float, float]:
+    """``rule_logprob`` and the whole sequence's (the ``n`` prefix tokens at the model's own
+    probability, the rest under top-k), from one forward pass."""
     with torch.no_grad():
         logits = model.model(torch.tensor([[model.bos_id, *toks]])).logits[0].float()
     lp = torch.log_softmax(logits, -1)
+    pre = sum(float(lp[i, toks[i]]) for i in range(n))
     cond = 0.0
     for i in range(n, len(toks)):
         kth = torch.topk(lp[i], topk).values[-1]
         if lp[i, toks[i]] < kth:
-            return -math.inf
+            return -math.inf, -math.inf
         cond += float(lp[i, toks[i]] - torch.logsumexp(lp[i].masked_fill(lp[i] < kth, -math.inf), -1))
-    return cond
+    return cond, pre + cond
 
 
 def expected_ranking(model, pattern, prefix, topk):

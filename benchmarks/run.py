@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from . import compile_bench, execute_bench, measure_bench, precision_bench, scale_bench
+from . import compile_bench, execute_bench, gemma_bench, measure_bench, precision_bench, scale_bench
 from .setting import setting
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,12 +36,14 @@ def main():
     import argparse
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--seconds", type=float, default=30.0, help="time per URL memorization configuration")
-    p.add_argument("--only", choices=("compile", "execute", "measure", "precision", "scale"),
+    p.add_argument("--only", choices=("compile", "execute", "measure", "precision", "scale", "gemma"),
                    help="run one part (the others are left as they are)")
     p.add_argument("--execute-json", help="take the executor results from this file (written by "
                                           "python -m benchmarks.execute_bench --json) instead of measuring them")
     p.add_argument("--precision-json", help="take the precision results from this file (written by "
                                             "python -m benchmarks.precision_bench --json) instead of measuring them")
+    p.add_argument("--gemma-json", help="take the Gemma 3 results from this file (written by "
+                                        "python -m benchmarks.gemma_bench --json) instead of measuring them")
     args = p.parse_args()
     out = ROOT / "docs" / "benchmarks.md"
     rows = compile_bench.run() if args.only in (None, "compile") else None
@@ -52,6 +54,11 @@ def main():
         executed = execute_bench.run(args.seconds) if args.only in (None, "execute") else None
     measured = measure_bench.run() if args.only in (None, "measure") else None
     scaled = scale_bench.run() if args.only in (None, "scale") else None
+    if args.gemma_json:
+        import json
+        gemma = json.loads(Path(args.gemma_json).read_text())
+    else:
+        gemma = gemma_bench.run() if args.only in (None, "gemma") else None
     if args.precision_json:
         import json
         precise = json.loads(Path(args.precision_json).read_text())
@@ -64,6 +71,7 @@ def main():
     execute_part = execute_bench.tables(executed) if executed else _section(old, "<!-- execute -->")
     measure_part = measure_bench.tables(measured) if measured else _section(old, "<!-- measure -->")
     scale_part = scale_bench.tables(scaled) if scaled else _section(old, "<!-- scale -->")
+    gemma_part = gemma_bench.tables(gemma) if gemma else _section(old, "<!-- gemma -->")
     precision_part = precision_bench.tables(precise) if precise else _section(old, "<!-- precision -->")
     now = setting()
     header = {"date": now.date, "machine": now.machine, "versions": now.versions}
@@ -75,6 +83,7 @@ def main():
             execute_part = stamp + execute_part if executed else execute_part
             measure_part = stamp + measure_part if measured else measure_part
             scale_part = stamp + scale_part if scaled else scale_part
+            gemma_part = stamp + gemma_part if gemma else gemma_part
     text = (text.replace("{{date}}", header["date"])
                 .replace("{{machine}}", header["machine"])
                 .replace("{{versions}}", header["versions"])
@@ -83,6 +92,7 @@ def main():
                 .replace("{{execute_tables}}", _mark("<!-- execute -->", execute_part))
                 .replace("{{measure_tables}}", _mark("<!-- measure -->", measure_part))
                 .replace("{{scale_tables}}", _mark("<!-- scale -->", scale_part))
+                .replace("{{gemma_tables}}", _mark("<!-- gemma -->", gemma_part))
                 .replace("{{precision_tables}}", _mark("<!-- precision -->", precision_part)))
     out.write_text(text)
     print(f"wrote {out}")
