@@ -27,7 +27,7 @@ REGEXES = {
     "[^\\n]{0,64}": r"[^\n]{0,64}",
     "[^\\n]{0,256}": r"[^\n]{0,256}",
 }
-VOCABS = ("gpt2", "smollm2")
+VOCABS = ("gpt2", "smollm2", "gemma3")  # gemma3: SentencePiece-style BPE, 262,144 tokens
 REPEATS = 3
 
 
@@ -53,7 +53,7 @@ def load_vocab(name: str):
         from relmql.models.builtin import gpt2_tokenizer
         return from_tokenizer(gpt2_tokenizer())
     from relmql.models import load_model
-    return load_model("smollm2-135m").vocabulary
+    return load_model({"smollm2": "smollm2-135m", "gemma3": "gemma3-270m"}[name]).vocabulary
 
 
 def worker(tool: str, vocab_name: str, regex: str) -> dict:
