@@ -53,6 +53,8 @@ def _lines(plan: QueryPlan, automaton: TokenAutomaton, model: LanguageModel, dat
     add("model", f"{plan.model.name} on {model.device}" + (f" ({str(dtype).replace('torch.', '')})" if dtype else "")
         + f", {len(model.vocabulary):,} tokens")
     add("numbers", getattr(model, "approximate", None) or "exact: float32, as direct scoring with transformers")
+    if getattr(model, "attention", None):
+        add("attention", model.attention)
     t = plan.traversal
     if isinstance(t, Measure):
         exact = (f"summed exactly over every token sequence when there are at most {t.exact_limit:,}; otherwise "
@@ -77,8 +79,10 @@ def _lines(plan: QueryPlan, automaton: TokenAutomaton, model: LanguageModel, dat
         add("prefix draw", "uniform over the prefix strings")
     else:
         stop = f", stops after {t.limit:,} row{'s' if t.limit != 1 else ''}" if t.limit is not None else ", runs until the language is exhausted"
-        add("traversal", f"shortest path: most probable first by {t.order}{stop}; batches of {t.batch_size} nodes, "
-                         f"at most {t.max_tokens} completion tokens")
+        why = (f" (the default when {t.order_default}: ORDER BY prob would read every variant of the prefix before "
+               "its first row)" if t.order_default else "")
+        add("traversal", f"shortest path: most probable first by {t.order}{why}{stop}; batches of {t.batch_size} "
+                         f"nodes, at most {t.max_tokens} completion tokens")
         bounds = [f"max_nodes {t.max_nodes:,}"] if t.max_nodes is not None else []
         bounds += [f"{t.max_nodes_per_row:,} nodes without a row (max_nodes_per_row)"] if t.max_nodes_per_row else []
         bounds += [f"its share of max_memory ({format_size(shares(t.max_memory).traversal)} of "

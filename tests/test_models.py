@@ -58,6 +58,86 @@ def test_batched_extend_equals_plain_forward(request, model_name):
         assert torch.allclose(state.logprobs, ref, atol=1e-4), (ref - state.logprobs).abs().max()
 
 
+def _tree_and_padded(model, build):
+    """The states ``build(model)`` makes, through tree attention and through padded copies."""
+    out = {}
+    for tree in (True, False):
+        model.tree_attention = tree
+        try:
+            out[tree] = build(model)
+        finally:
+            model.tree_attention = True
+    return out[True], out[False]
+
+
+@pytest.mark.parametrize("model_name", ["tiny", "smol", "gemma"])
+def test_tree_attention_equals_padded_copies_and_plain_forward(request, model_name):
+    """A search tree read by tree attention (one sequence of the batch's new tokens over their
+    ancestors' keys and values, each once, under a 4D mask) gives each state the distribution a
+    plain forward pass over its whole sequence gives, as the padded path does."""
+    model = request.getfixturevalue(model_name)
+    assert model.tree_attention, model.attention
+    enc = model.vocabulary.encode
+    a, b = enc("The man was trained in"), enc("Hello there")
+
+    def build(m):
+        root = m.extend([None], [a])[0]
+        kids = m.extend([root, root, root, None], [[a[1]], b[:2], [a[0], a[2], a[3]], b])
+        return kids + m.extend([kids[0], kids[1], kids[0], kids[3]], [[a[2]], [a[0]], b[:1], a[:2]])
+    tree, padded = _tree_and_padded(model, build)
+    for st, other in zip(tree, padded):
+        with torch.no_grad():
+            ref = torch.log_softmax(model.model(torch.tensor([list(st.tokens)])).logits[0].float(), -1)
+        assert st.tokens == other.tokens
+        assert torch.allclose(st.logprobs, ref[-1], atol=1e-4), (ref[-1] - st.logprobs).abs().max()
+        assert torch.allclose(st.logprobs, other.logprobs, atol=1e-4)
+        n = len(st.token_logprobs)
+        want = ref[np.arange(len(st.tokens) - n - 1, len(st.tokens) - 1), list(st.tokens[-n:])].double().numpy()
+        got = np.array(st.token_logprobs)
+        assert np.allclose(got[~np.isnan(got)], want[~np.isnan(got)], atol=1e-4)
+
+
+def test_tree_attention_keeps_gemmas_sliding_window(gemma):
+    """Gemma 3's local layers see only the last 512 positions: past a prompt of 600 tokens, tree
+    attention must keep that window in its mask (the direct forward pass applies it itself)."""
+    enc = gemma.vocabulary.encode
+    words = enc(" ".join(["the quick brown fox jumps over the lazy dog"] * 70))[:600]
+    tail = enc(" and then")
+
+    def build(m):
+        root = m.extend([None], [words])[0]
+        return m.extend([root, root], [tail, tail[:1]])
+    tree, padded = _tree_and_padded(gemma, build)
+    for st in tree + padded:
+        with torch.no_grad():
+            ref = torch.log_softmax(gemma.model(torch.tensor([list(st.tokens)])).logits[0, -1].float(), -1)
+        assert torch.allclose(st.logprobs, ref, atol=2e-4), (ref - st.logprobs).abs().max()
+
+
+def test_a_model_that_refuses_the_tree_mask_keeps_padded_copies(tiny, monkeypatch):
+    """A model family that cannot take a custom 4D mask is read with padded copies, and the model
+    says why (EXPLAIN shows it)."""
+    import functools
+
+    from relmql.models.hf import TransformersModel
+    original = tiny.model.forward
+
+    @functools.wraps(original)
+    def refusing(*args, attention_mask=None, **kw):
+        if attention_mask is not None and attention_mask.dim() == 4:
+            raise NotImplementedError("no custom masks here")
+        return original(*args, attention_mask=attention_mask, **kw)
+    monkeypatch.setattr(tiny.model, "forward", refusing)
+    wrapped = TransformersModel(tiny.model, tiny.tokenizer, "no-custom-mask")
+    assert not wrapped.tree_attention
+    assert "padded copies" in wrapped.attention and "NotImplementedError" in wrapped.attention
+    enc = tiny.vocabulary.encode("Hello there")
+    state = wrapped.extend([wrapped.extend([None], [enc[:1]])[0]], [enc[1:]])[0]
+    with torch.no_grad():
+        ref = torch.log_softmax(original(torch.tensor([list(state.tokens)])).logits[0, -1].float(), -1)
+    assert torch.allclose(state.logprobs, ref, atol=1e-4)
+
+
 def test_score_equals_stepwise_extension(tiny):
     ids = tiny.vocabulary.encode("a b c d")
     direct = tiny.score(ids)

@@ -22,6 +22,7 @@ from .vocab import Vocabulary, from_tokenizer
 
 DEFAULT_KV_BUDGET = 2 ** 30  # bytes of cached keys and values kept per model (a query sets its own share)
 LOGITS_BYTES = 256 * 2 ** 20  # float32 logits of one forward pass, at most (unless one sequence needs more)
+TREE_SHARING = 4  # tree attention while a batch's ancestors take at most this many times its longest one
 
 
 @dataclass(eq=False)
@@ -83,6 +84,10 @@ class TransformersModel(LanguageModel):
         self.kv_budget = kv_budget
         self._kv_bytes = 0
         self._kv_lru: "OrderedDict[int, weakref.ref]" = OrderedDict()
+        self._mask_kinds = _mask_kinds(model.config)
+        self.tree_attention = False
+        self.attention = "padded copies of each sequence's keys and values"
+        self._probe_tree_attention()
 
     @classmethod
     def from_pretrained(cls, path: str, device: Optional[str] = None, dtype: Optional[str] = None,
@@ -111,6 +116,32 @@ class TransformersModel(LanguageModel):
             raise ModelError(f"could not load model {path!r}: it is neither a local folder nor a model in the Hugging "
                              f"Face cache ({why})", hint="downloading from the hub needs network access") from None
         return cls(model.to(dev), tokenizer, name or path)
+
+    def _probe_tree_attention(self) -> None:
+        """Use tree attention where this model takes a custom 4D mask: a small tree read both
+        ways must give the same log-probabilities (else the padded path stays, and EXPLAIN says
+        why)."""
+        kind = type(self.model).__name__
+        try:
+            self.tree_attention = False
+            root = self.extend([None], [[self.eos_id, self.bos_id]])[0]
+            plain = self.extend([root, root, None], [[self.bos_id], [self.eos_id, self.bos_id], [self.eos_id]])
+            self.tree_attention = True
+            tree = self.extend([root, root, None], [[self.bos_id], [self.eos_id, self.bos_id], [self.eos_id]])
+            worst = max(float((a.logprobs - b.logprobs).abs().max()) for a, b in zip(plain, tree))
+        except Exception as e:  # a model family that cannot take the mask
+            self.tree_attention = False
+            self.attention = (f"padded copies of each sequence's keys and values ({kind} did not take a tree "
+                              f"attention mask: {type(e).__name__})")
+            return
+        finally:
+            self.stats = ModelStats()
+        if worst > 1e-3:
+            self.tree_attention = False
+            self.attention = (f"padded copies of each sequence's keys and values ({kind} gave other numbers under a "
+                              f"tree attention mask: {worst:.1e})")
+        else:
+            self.attention = "tree attention: each call reads its nodes' ancestors' keys and values once"
 
     # -- the key/value store
     def _register(self, block: KVBlock):
@@ -188,6 +219,22 @@ class TransformersModel(LanguageModel):
         return out
 
     def _forward_batch(self, seqs) -> List[ModelState]:
+        if self.tree_attention:
+            union, where, sizes = [], {}, []
+            for _, chain, _, _ in seqs:
+                for blk in chain or ():
+                    if id(blk) not in where:
+                        where[id(blk)] = len(union)
+                        union.append(blk)
+                sizes.append(sum(b.n for b in chain) if chain else 0)
+            # one sequence of the batch's new tokens over its ancestors' keys and values, each
+            # once; where the sequences share little (independent samples), padded copies cost less
+            if sum(b.n for b in union) <= TREE_SHARING * max(sizes, default=0) + 64:
+                return self._forward_tree(seqs, union, where)
+        return self._forward_padded(seqs)
+
+    def _forward_padded(self, seqs) -> List[ModelState]:
+        """The batch as padded sequences: each one's past keys and values copied, left-padded."""
         dev = self.device
         past_len = [len(p) if c is not None else 0 for p, c, _, _ in seqs]
         new_len = [len(n) for _, _, n, _ in seqs]
@@ -199,7 +246,11 @@ class TransformersModel(LanguageModel):
             ids[b, :len(new)] = torch.tensor(new)
             mask[b, P - past_len[b]:P + len(new)] = 1
             pos[b, :len(new)] = torch.arange(past_len[b], past_len[b] + len(new))
-        cache = self._batch_cache([c for _, c, _, _ in seqs], past_len, P) if P else None
+        if P:
+            cache = self._batch_cache([c for _, c, _, _ in seqs], past_len, P)
+        else:
+            from transformers import DynamicCache
+            cache = DynamicCache()  # full layers: a sliding-window layer would keep only its window
         t0 = time.perf_counter()
         out = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
                          use_cache=True, **{self._cache_arg: cache})
@@ -238,6 +289,74 @@ class TransformersModel(LanguageModel):
             states.append(ModelState(tuple(prev) + tuple(new), nexts[b], tok_lp, block))
         return states
 
+    def _forward_tree(self, seqs, union: List[KVBlock], where) -> List[ModelState]:
+        """The batch as one sequence (tree attention): the new tokens of every element, one after
+        another, over the keys and values of their ancestors, each block of them once; a 4D mask
+        lets each new token see its own ancestors and the new tokens of its element before it
+        (and, in a sliding-window layer, only those within the window)."""
+        dev = self.device
+        offsets = np.cumsum([0] + [b.n for b in union])
+        U = int(offsets[-1])
+        new_len = [len(n) for _, _, n, _ in seqs]
+        starts = np.cumsum([0] + new_len)
+        T = int(starts[-1])
+        ids = torch.tensor([t for _, _, n, _ in seqs for t in n], dtype=torch.long)
+        allowed = np.zeros((T, U + T), bool)
+        depth = np.zeros(U + T, np.int64)  # the position of each key
+        for k, b in enumerate(union):
+            depth[offsets[k]:offsets[k + 1]] = np.arange(b.length - b.n, b.length)
+        for e, (prev, chain, new, _) in enumerate(seqs):
+            r0, r1 = starts[e], starts[e + 1]
+            base = chain[-1].length if chain else 0
+            depth[U + r0:U + r1] = np.arange(base, base + len(new))
+            for blk in chain or ():
+                k = where[id(blk)]
+                allowed[r0:r1, offsets[k]:offsets[k + 1]] = True
+            allowed[r0:r1, U + r0:U + r1] = np.tril(np.ones((r1 - r0, r1 - r0), bool))
+        pos = torch.from_numpy(depth[U:]).unsqueeze(0)
+        masks = {}
+        for kind, window in self._mask_kinds:
+            ok = allowed if window is None else allowed & (depth[U:, None] - depth[None, :] < window)
+            m = torch.zeros((1, 1, T, U + T), dtype=self.dtype)
+            m.masked_fill_(torch.from_numpy(~ok), torch.finfo(self.dtype).min)
+            masks[kind] = m.to(dev)
+        mask = masks[None] if None in masks else masks
+        from transformers import DynamicCache
+        cache = DynamicCache()  # full layers (a sliding-window layer would drop keys): the mask keeps each window
+        if U:
+            for blk in union:
+                self._touch(blk)
+            full = torch.cat([blk.kv for blk in union], dim=2)  # [2 * layers, kv_heads, U, head_dim]
+            cache = DynamicCache(ddp_cache_data=[(full[2 * i].unsqueeze(0), full[2 * i + 1].unsqueeze(0))
+                                                 for i in range(full.shape[0] // 2)])
+        t0 = time.perf_counter()
+        out = self.model(input_ids=ids.unsqueeze(0).to(dev), attention_mask=mask, position_ids=pos.to(dev),
+                         use_cache=True, **{self._cache_arg: cache})
+        logprobs = torch.log_softmax(out.logits[0].float(), dim=-1)  # float32, as transformers scores
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        self.stats.seconds += time.perf_counter() - t0
+        self.stats.calls += 1
+        self.stats.tokens += T
+        nxt = torch.zeros(T, dtype=torch.long, device=dev)
+        nxt[:-1] = ids[1:].to(dev)
+        within = torch.gather(logprobs, 1, nxt.unsqueeze(-1)).squeeze(-1).double().cpu().numpy()
+        last = torch.from_numpy(starts[1:] - 1).to(dev)
+        nexts = logprobs[last]
+        layers = _cache_tensors(out[self._cache_arg])
+        fresh = torch.stack([t[0, :, U:] for k, v in layers for t in (k, v)], 0)  # [2 * layers, kv_heads, T, d]
+        store = _Store(fresh.numel() * fresh.element_size())
+        states = []
+        for e, (prev, chain, new, known) in enumerate(seqs):
+            parent = chain[-1] if chain else None
+            r0, r1 = int(starts[e]), int(starts[e + 1])
+            block = KVBlock(parent, fresh[:, :, r0:r1], len(new), (parent.length if parent else 0) + len(new), store)
+            self._register(block)
+            w = within[r0:r1]
+            tok_lp = w[known - 1:len(new) - 1] if known else np.concatenate([[np.nan], w[:len(new) - 1]])
+            states.append(ModelState(tuple(prev) + tuple(new), nexts[e], tok_lp, block))
+        return states
+
     def _batch_cache(self, chains, past_len, P):
         """The batch's past keys and values, left-padded to ``P``, built with one concatenation."""
         from transformers import DynamicCache
@@ -252,7 +371,10 @@ class TransformersModel(LanguageModel):
         full = torch.cat(pieces, dim=2)  # [2 * layers, kv_heads, batch * P, head_dim]
         full = full.view(ref.shape[0], ref.shape[1], len(chains), P, ref.shape[3])
         layers = [(full[2 * i].transpose(0, 1), full[2 * i + 1].transpose(0, 1)) for i in range(ref.shape[0] // 2)]
-        return DynamicCache(ddp_cache_data=layers, config=self.model.config)
+        # without the config, every layer keeps all its keys (Gemma 3's sliding-window layers would drop
+        # those outside the window, and the new tokens' keys would be misread); the model's own mask
+        # keeps each layer's window
+        return DynamicCache(ddp_cache_data=layers)
 
     @torch.inference_mode()
     def score(self, token_ids: Sequence[int], state: Optional[ModelState] = None) -> np.ndarray:
@@ -263,6 +385,16 @@ class TransformersModel(LanguageModel):
         logits = self.model(input_ids=ids).logits[0, :-1].float()
         lp = torch.log_softmax(logits, -1)
         return lp[torch.arange(len(token_ids)), ids[0, 1:]].double().cpu().numpy()
+
+
+def _mask_kinds(config) -> List[tuple]:
+    """The attention masks a model's layers take, as (name, sliding window or None): one mask
+    (name None) for most models; Gemma 3's full and sliding-window layers take one each."""
+    window = getattr(config, "sliding_window", None)
+    types = set(getattr(config, "layer_types", None) or ())
+    if "sliding_attention" in types:
+        return [("full_attention", None), ("sliding_attention", window)]
+    return [(None, window if window and getattr(config, "use_sliding_window", True) else None)]
 
 
 def missing_model_files(path: str) -> List[str]:
