@@ -174,9 +174,11 @@ class ShortestPath:
     after expanding this many nodes without releasing a row. ``max_memory``: the query's memory
     budget (``relmql.memory``); the search stops when its own structures outgrow their share. ``first_match``: the
     search does not go past a string of the language (without ``eos``): rows are then the
-    shortest strings a generation can begin with, disjoint events whose probabilities add up."""
+    shortest strings a generation can begin with, disjoint events whose probabilities add up.
+    ``order_default``: why ``order`` is what the query did not say (None: it said, or "prob")."""
 
     order: str = "prob"
+    order_default: Optional[str] = None
     limit: Optional[int] = None
     max_tokens: int = MAX_TOKENS
     batch_size: int = SEARCH_BATCH_SIZE

@@ -88,6 +88,15 @@ def test_ranking_without_prefix_and_with_edits(tiny):
     check_ranking(tiny, "It is (red|blue)", None, CompileOptions(edits=1, edit_alphabet="xy"), "prob", {})
 
 
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_ranking_with_edits_in_the_prefix_by_total_prob(tiny, batch_size):
+    """Under total_prob a forced run of prefix tokens is read token by token while other nodes wait
+    (an edit early in the prefix must not make the search read the rest of it first): the rows are
+    still every edited string, in brute force's order."""
+    check_ranking(tiny, "The cat sat", "The cat", CompileOptions(edits=1, edit_alphabet="xy"), "total_prob", {},
+                  batch_size=batch_size)
+
+
 @pytest.mark.parametrize("batch_size", [1, 3, 64])
 def test_batch_size_does_not_change_the_rows(tiny, batch_size):
     ta = compile("The (man|woman) (ran|sat|is|was) (here|there)", tiny.vocabulary, "The (man|woman)")

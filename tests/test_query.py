@@ -102,6 +102,23 @@ def test_order_by_total_prob_and_limit(con, model):
     assert rows(con, f"SELECT text {Q} LIMIT 0") == []
 
 
+def test_edits_in_the_prefix_rank_by_total_prob_unless_ordered(con):
+    """With PREFIX and edits that may fall in it, rows come by total_prob (ORDER BY prob would read
+    every edited prefix before its first row); ORDER BY prob and edit_scope completion keep prob."""
+    q = "SELECT text, prob, total_prob MATCHING 'A (cat|dog) sat' PREFIX 'A (cat|dog)'"
+    edited = dicts(con, f"{q} USING edits 1 LIMIT 30")
+    assert len(edited) == 30
+    assert edited == dicts(con, f"{q} USING edits 1 ORDER BY total_prob DESC LIMIT 30")
+    assert [r["total_prob"] for r in edited] == sorted((r["total_prob"] for r in edited), reverse=True)
+    for extra in ("ORDER BY prob DESC", "edit_scope completion"):
+        using = "USING edits 1" + (", " + extra if extra.startswith("edit_") else " " + extra)
+        by_prob = dicts(con, f"{q} {using} LIMIT 30")
+        assert [r["prob"] for r in by_prob] == sorted((r["prob"] for r in by_prob), reverse=True), extra
+        assert by_prob != edited
+    assert "total_prob (the default when the prefix has edits" in "\n".join(
+        r[0] for r in rows(con, f"EXPLAIN {q} USING edits 1"))
+
+
 def test_topk_prunes_as_the_oracle_does(con, model):
     # tiny-gpt2 is random: these words rank in the tens of thousands, so topk 30000 keeps some
     expected = brute(model, topk=30000)

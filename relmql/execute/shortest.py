@@ -276,7 +276,11 @@ class ShortestPathSearch:
             if edits >= 0:
                 self.push(self.result_key(node.pre_raw, node.cond), RESULT, node, edits)
         chain = [node]
-        step = self.forced(node)
+        # Under prob every prefix node is read before the first row: a forced chain is read whole, in
+        # one call. Under total_prob its later tokens may cost more than the rows found by then (an
+        # edit that makes the rest of the prefix improbable): it is read whole only when nothing else
+        # waits (a long prompt, read at once), else token by token, best first like the rest
+        step = self.forced(node) if self.by_prob or not (self.queue or self.batch) else None
         while step is not None:
             nxt = _Node(chain[-1], step[0], step[1], True, chain[-1].npre + 1, 0, chain[-1].pre_raw, 0.0, None)
             chain.append(nxt)

@@ -241,7 +241,11 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
                            batch_size=opts["batch_size"] or SAMPLE_BATCH_SIZE,
                            max_prefix_tokens=opts["max_prefix_tokens"], max_memory=opts["max_memory"])
     else:
-        order = "prob"
+        order, why = "prob", None
+        if prefix is not None and opts["edits"] and opts["edit_scope"] != "completion":
+            # ORDER BY prob could release no row before every edited prefix is read; the whole
+            # sequence's probability (ReLM's order) streams, each prefix bounding what is below it
+            order, why = "total_prob", "the prefix has edits"
         if query.order:
             if len(query.order) > 1:
                 raise PlanError("ORDER BY takes one column: prob or total_prob", query.order[1].span, source)
@@ -253,8 +257,8 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
             if not key.descending:
                 raise PlanError("results come most probable first: only ORDER BY ... DESC is possible", key.span,
                                 source)
-            order = ORDER_COLUMNS[key.column]
-        traversal = ShortestPath(order=order, limit=push, max_tokens=opts["max_tokens"],
+            order, why = ORDER_COLUMNS[key.column], None
+        traversal = ShortestPath(order=order, order_default=why, limit=push, max_tokens=opts["max_tokens"],
                                  batch_size=opts["batch_size"] or SEARCH_BATCH_SIZE,
                                  max_prefix_tokens=opts["max_prefix_tokens"],
                                  max_nodes=opts["max_nodes"], max_nodes_per_row=opts["max_nodes_per_row"],
