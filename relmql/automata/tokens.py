@@ -255,14 +255,24 @@ class TokenAutomaton:
         if not self.canonical[region]:
             return self._dfa_arcs(q)
         toks, tq, end, lam2, groups = self._step(q, tau, lam, region)
-        keep = np.ones(len(toks), bool)
-        for q2, t2, members in groups:
-            # BPE's pair rule may block every next token: look a few tokens ahead for a way on
-            # (for a crowd of siblings only where few tokens could come next at all)
-            if len(members) <= 64 or (self._pair_can_block(q2, t2, region) and self._few_arcs(q2, 32)):
-                for m in members.tolist():
-                    keep[m] = self._alive(int(self._pack(q2, t2, lam2[m])), region, LOOKAHEAD)
-        toks, tq, end, lam2 = toks[keep], tq[keep], end[keep], lam2[keep]
+        if groups is not None:
+            # BPE's pair rule may block every next token: look a few tokens ahead for a way on (for
+            # a crowd of siblings only where few tokens could come next at all)
+            n = len(groups.key)  # byte-fallback and added tokens after them are not checked
+            check = np.zeros(len(toks), bool)
+            check[:n] = groups.counts[groups.key] <= 64
+            for k in np.flatnonzero(groups.counts > 64).tolist():
+                q2, t2 = groups.state(k)
+                if self._pair_can_block(q2, t2, region) and self._few_arcs(q2, 32):
+                    check[:n] |= groups.key == k
+            idx = np.flatnonzero(check)
+            if len(idx):
+                states, inv = np.unique(self._pack(tq[idx], end[idx], lam2[idx]), return_inverse=True)
+                ok = np.array([self._alive(s, region, LOOKAHEAD) for s in states.tolist()], bool)
+                keep = np.ones(len(toks), bool)
+                keep[idx] = ok[inv.reshape(-1)]
+                if not keep.all():
+                    toks, tq, end, lam2 = toks[keep], tq[keep], end[keep], lam2[keep]
         if len(toks) > 1 and (np.diff(toks) < 0).any():  # byte-fallback or added tokens appended
             order = np.argsort(toks, kind="stable")
             toks, tq, end, lam2 = toks[order], tq[order], end[order], lam2[order]
@@ -318,40 +328,63 @@ class TokenAutomaton:
         lam2 = np.where(done, 0, self.fb_base + f2).astype(np.int64)
         toks = ftoks[byts]
         order = np.argsort(toks, kind="stable")
-        return toks[order], tq[order], end[order], lam2[order], []
+        return toks[order], tq[order], end[order], lam2[order], None
 
     def _bpe_step(self, q: int, tau: int, lam: int, region: int):
-        toks, tq = self._dfa_arcs(q)
+        toks, tq, qcode, qvals = self._dfa_coded(q)
         pairs, tracker = self.pairs, self.tracker
         keep = pairs.self_canonical[toks]
         ok = np.ones(len(toks), bool) if lam == 0 else ~pairs.forbidden_after(lam)[toks]
         t_ok, t_bad = tracker.boundary(np.array([tau, tau]), np.array([True, False]))
-        end = self._tracker_walk(int(t_ok))[toks]
-        if (~ok).any():
-            bad_end = self._tracker_walk(int(t_bad))[toks] if t_bad >= 0 else np.full(len(toks), -1)
-            end = np.where(ok, end, bad_end)
+        walk, codes, evals = self._tracker_coded(int(t_ok))
+        end, ecode = walk[toks], codes[toks]
+        if not ok.all():
+            if t_bad >= 0:
+                walk_b, codes_b, evals_b = self._tracker_coded(int(t_bad))
+                end = np.where(ok, end, walk_b[toks])
+                ecode = np.where(ok, ecode, codes_b[toks] + len(evals))
+                evals = np.concatenate([evals, evals_b])
+            else:
+                end = np.where(ok, end, -1)
         keep &= end >= 0
-        toks, tq, end = toks[keep], tq[keep], end[keep]
+        toks, tq, end, qcode, ecode = toks[keep], tq[keep], end[keep], qcode[keep], ecode[keep]
         lam2 = pairs.right_class[toks]
-        groups = []
+        groups = None
         if len(toks):
-            pairs_qt = tq.astype(np.int64) * (1 << 40) + end
-            uniq, inv = np.unique(pairs_qt, return_inverse=True)
-            keep = np.ones(len(toks), bool)
-            by_group = np.argsort(inv, kind="stable")
-            bounds = np.searchsorted(inv[by_group], np.arange(len(uniq) + 1))
-            for u, key in enumerate(uniq.tolist()):
-                q2, t2 = key >> 40, key & ((1 << 40) - 1)
-                members = by_group[bounds[u]:bounds[u + 1]]
-                if self._live(q2, t2, region):
-                    groups.append((q2, t2, members))
-                else:
-                    keep[members] = False
-            if not keep.all():
-                remap = np.cumsum(keep) - 1
-                groups = [(q2, t2, remap[m]) for q2, t2, m in groups]
-                toks, tq, end, lam2 = toks[keep], tq[keep], end[keep], lam2[keep]
+            # the children grouped by (byte state, tracker state), through small codes of both
+            # (a count, not a sort): those whose text cannot be finished canonically go
+            ne = len(evals)
+            key = qcode.astype(np.int64) * ne + ecode
+            counts = np.bincount(key, minlength=len(qvals) * ne)
+            present = np.flatnonzero(counts)
+            alive = np.zeros(len(counts), bool)
+            for k in present.tolist():
+                alive[k] = self._live(int(qvals[k // ne]), int(evals[k % ne]), region)
+            if not alive[present].all():
+                keep = alive[key]
+                toks, tq, end, lam2, key = toks[keep], tq[keep], end[keep], lam2[keep], key[keep]
+            groups = _Groups(key, counts, qvals, evals)
         return toks, tq, end, lam2, groups
+
+    def _dfa_coded(self, q: int):
+        """``_dfa_arcs(q)`` with each target's code among the distinct targets, and those."""
+        key = ("coded", q)
+        got = self._dfa_cache.get(key)
+        if got is None:
+            toks, tq = self._dfa_arcs(q)
+            qvals, qcode = np.unique(tq, return_inverse=True)
+            got = (toks, tq, qcode.reshape(-1).astype(np.int32), qvals)
+            self._dfa_cache.put(key, got, sum(a.nbytes for a in got))
+        return got
+
+    def _tracker_coded(self, tau: int):
+        """``_tracker_walk(tau)`` with each token's code among the distinct tracker states (-1
+        included), and those."""
+        def compute():
+            walk = self._tracker_walk(tau)
+            evals, codes = np.unique(walk, return_inverse=True)
+            return walk, codes.reshape(-1).astype(np.int32), evals
+        return self.tracker.walk(("coded", self.vocabulary.fingerprint, tau), compute)
 
     def _alive(self, state: int, region: int, depth: int) -> bool:
         """Whether the region's text may end at ``state`` or, looking ``depth`` tokens ahead,
@@ -585,6 +618,22 @@ class TokenAutomaton:
                                f"has no token containing byte(s) {shown}")
         self.warnings.append(msg)
         return kept
+
+
+class _Groups:
+    """The children of a canonical step grouped by (byte state, tracker state): ``key[i]`` is
+    child i's group, ``counts`` the size of each group (zero where none), and ``state(k)`` the
+    (byte state, tracker state) of group k. The first children of a step are BPE's; byte-fallback
+    and added tokens appended after them have no group."""
+
+    __slots__ = ("key", "counts", "qvals", "evals")
+
+    def __init__(self, key: np.ndarray, counts: np.ndarray, qvals: np.ndarray, evals: np.ndarray):
+        self.key, self.counts, self.qvals, self.evals = key, counts, qvals, evals
+
+    def state(self, k: int) -> Tuple[int, int]:
+        ne = len(self.evals)
+        return int(self.qvals[k // ne]), int(self.evals[k % ne])
 
 
 def _lost(dfa: ByteDFA, kept: ByteDFA) -> str:
