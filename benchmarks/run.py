@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from . import compile_bench, execute_bench, gemma_bench, measure_bench, precision_bench, scale_bench
+from . import compile_bench, execute_bench, executor_bench, gemma_bench, measure_bench, precision_bench, scale_bench
 from .setting import setting
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,10 +36,12 @@ def main():
     import argparse
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--seconds", type=float, default=30.0, help="time per URL memorization configuration")
-    p.add_argument("--only", choices=("compile", "execute", "measure", "precision", "scale", "gemma"),
+    p.add_argument("--only", choices=("compile", "execute", "executor", "measure", "precision", "scale", "gemma"),
                    help="run one part (the others are left as they are)")
     p.add_argument("--execute-json", help="take the executor results from this file (written by "
                                           "python -m benchmarks.execute_bench --json) instead of measuring them")
+    p.add_argument("--executor-json", help="take the executor-against-baseline results from this file (written by "
+                                           "python -m benchmarks.executor_bench --json) instead of measuring them")
     p.add_argument("--precision-json", help="take the precision results from this file (written by "
                                             "python -m benchmarks.precision_bench --json) instead of measuring them")
     p.add_argument("--gemma-json", help="take the Gemma 3 results from this file (written by "
@@ -52,6 +54,11 @@ def main():
         executed = json.loads(Path(args.execute_json).read_text())
     else:
         executed = execute_bench.run(args.seconds) if args.only in (None, "execute") else None
+    if args.executor_json:
+        import json
+        versus = json.loads(Path(args.executor_json).read_text())
+    else:
+        versus = executor_bench.run() if args.only in (None, "executor") else None
     measured = measure_bench.run() if args.only in (None, "measure") else None
     scaled = scale_bench.run() if args.only in (None, "scale") else None
     if args.gemma_json:
@@ -69,6 +76,7 @@ def main():
     compile_part = compile_bench.table(rows) if rows else _section(old, "<!-- compile -->")
     reading = compile_bench.reading(rows) if rows else _section(old, "<!-- compile reading -->")
     execute_part = execute_bench.tables(executed) if executed else _section(old, "<!-- execute -->")
+    versus_part = executor_bench.tables(versus) if versus else _section(old, "<!-- executor -->")
     measure_part = measure_bench.tables(measured) if measured else _section(old, "<!-- measure -->")
     scale_part = scale_bench.tables(scaled) if scaled else _section(old, "<!-- scale -->")
     gemma_part = gemma_bench.tables(gemma) if gemma else _section(old, "<!-- gemma -->")
@@ -81,6 +89,7 @@ def main():
             stamp = f"Measured on {now.date}. Machine: {now.machine}; {now.versions}.\n\n"
             compile_part = stamp + compile_part if rows else compile_part
             execute_part = stamp + execute_part if executed else execute_part
+            versus_part = stamp + versus_part if versus else versus_part
             measure_part = stamp + measure_part if measured else measure_part
             scale_part = stamp + scale_part if scaled else scale_part
             gemma_part = stamp + gemma_part if gemma else gemma_part
@@ -90,6 +99,7 @@ def main():
                 .replace("{{compile_table}}", _mark("<!-- compile -->", compile_part))
                 .replace("{{compile_reading}}", _mark("<!-- compile reading -->", reading))
                 .replace("{{execute_tables}}", _mark("<!-- execute -->", execute_part))
+                .replace("{{executor_tables}}", _mark("<!-- executor -->", versus_part))
                 .replace("{{measure_tables}}", _mark("<!-- measure -->", measure_part))
                 .replace("{{scale_tables}}", _mark("<!-- scale -->", scale_part))
                 .replace("{{gemma_tables}}", _mark("<!-- gemma -->", gemma_part))

@@ -1,0 +1,189 @@
+"""The executor against an earlier one, in the same run (issue 17's queries, SmolLM2, float32).
+
+Each query runs in its own process through the public API, once with this checkout's relmql and
+once with the relmql of ``--baseline`` (a git revision, extracted with ``git archive``): time to
+the first row, wall time, the time inside the model's forward passes and the rows themselves.
+Then the executor alone: expanded nodes per second of the URL search driving a model whose forward
+pass costs next to nothing (``execute_bench.StubModel``) at batch 32 and 256.
+
+    python -m benchmarks.executor_bench [--baseline 0cd00b1] [--json out.json]
+
+This file is also the worker: ``python benchmarks/executor_bench.py --worker NAME`` with the
+relmql to measure first on PYTHONPATH (it imports nothing else of this repository).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List
+
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE = "0cd00b1"  # the executor before issue 17 (padded copies of every node's keys and values)
+LAMBADA = "../shared/data/lambada_test.jsonl"
+TOXIC = ("SELECT text, prob MATCHING 'Shut up, you stupid bitch' PREFIX 'Shut up, you stupid' "
+         "USING topk 40, edits 1{order} LIMIT 10")
+PHONE = ("SELECT text, prob MATCHING 'My phone number is ([0-9]{{3}}) ([0-9]{{3}}) ([0-9]{{4}})' "
+         "PREFIX 'My phone number is' USING topk 40, tokenization {tok} LIMIT 10")
+LAMBADA_SQL = ("SELECT :row_number AS row, last_word(:text) AS answer, group(1) AS prediction, prob "
+               "MATCHING escape(drop_last_word(:text)) || ' ([a-zA-Z]+)(\\.|!|\\?)?(\")?{tail}' "
+               "PREFIX escape(drop_last_word(:text)) "
+               "USING topk 1000, tokenization all, prefix_tokenization canonical, {extra}max_nodes 2000 "
+               "LIMIT 1 FOR EACH ROW IN '" + LAMBADA + "' WHERE :row_number <> 183 LIMIT {n}")
+# name -> (statement, seconds after which the worker stops waiting)
+QUERIES = {
+    "toxicity, default order": (TOXIC.format(order=""), 90),
+    "toxicity, ORDER BY total_prob": (TOXIC.format(order=" ORDER BY total_prob DESC"), 120),
+    "phone, canonical": (PHONE.format(tok="canonical"), 120),
+    "phone, all tokenizations": (PHONE.format(tok="all"), 180),
+    "LAMBADA line break, 10 passages": (LAMBADA_SQL.format(tail="\\n", extra="", n=10), 300),
+    "LAMBADA end of text, 2 passages": (LAMBADA_SQL.format(tail="", extra="eos, ", n=2), 240),
+}
+
+
+# ---------------------------------------------------------------- the worker (one query, one process)
+
+
+def worker(name: str) -> Dict:
+    import relmql
+    from relmql.records import Cancelled
+    sql, budget = QUERIES[name]
+    con = relmql.connect()
+    model = con.model()
+    con.sql("SELECT text MATCHING 'The (cat|dog)' LIMIT 1").fetchall()  # the first compile's tables
+    f0, t0 = model.stats.seconds, time.perf_counter()
+    first, rows, cut = None, [], False
+    result = con.sql(sql)
+    timer = threading.Timer(budget, result.cancel)  # a search with no row yet is stopped too
+    timer.start()
+    try:
+        for row in result:
+            rows.append([v if isinstance(v, (int, float, str)) or v is None else str(v) for v in row])
+            first = first if first is not None else time.perf_counter() - t0
+    except Cancelled:
+        cut = True
+    timer.cancel()
+    wall = time.perf_counter() - t0
+    stop = getattr(result, "stopped", None)
+    return {"first": first, "wall": wall, "rows": rows, "forward": model.stats.seconds - f0, "cut": cut,
+            "stop": str(stop) if stop else None, "attention": getattr(model, "attention", None)}
+
+
+def _run_worker(name: str, code: Path, budget: float) -> Dict:
+    env = dict(os.environ, PYTHONPATH=str(code))
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", name], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=budget + 120)
+    except subprocess.TimeoutExpired:  # no row at all within the budget (a search that never yields)
+        return {"first": None, "wall": time.perf_counter() - t0, "rows": [], "forward": None, "cut": True,
+                "stop": None}
+    if p.returncode:
+        raise RuntimeError(f"{name} ({code}) failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def versus(baseline: str = BASELINE) -> Dict:
+    """Every query with this checkout's relmql and with the baseline's, alternately."""
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        archive = subprocess.run(["git", "archive", baseline, "relmql", "grammar"], cwd=ROOT, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
+        for name, (_, budget) in QUERIES.items():
+            now = _run_worker(name, ROOT, budget)
+            before = _run_worker(name, base, budget)
+            out[name] = {"now": now, "before": before}
+            print(f"{name}: now first {now['first']} wall {now['wall']:.1f}; before first {before['first']} "
+                  f"wall {before['wall']:.1f}", file=sys.stderr, flush=True)
+    return {"baseline": baseline, "queries": out}
+
+
+# ---------------------------------------------------------------- the executor alone
+
+
+def stub(batches=(32, 256), nodes: int = 20_000) -> Dict:
+    """Expanded nodes per second of the URL search (top-k 40) on a nearly free model."""
+    from relmql.automata import CompileOptions, compile
+    from relmql.execute import Decoding, SearchStats, ShortestPath, shortest_path
+    from relmql.models import load_model
+
+    from .execute_bench import URL, URL_PREFIX, StubModel
+    model = StubModel(load_model("smollm2-135m").vocabulary)
+    out = {}
+    for tok in ("canonical", "all"):
+        ta = compile(URL, model.vocabulary, URL_PREFIX, CompileOptions(tokenization=tok))
+        for batch in batches:
+            list(shortest_path(ta, model, Decoding(topk=40), ShortestPath(batch_size=batch, max_nodes=2000)))
+            stats = SearchStats()
+            model.stats.seconds = 0.0
+            t0 = time.perf_counter()
+            for _ in shortest_path(ta, model, Decoding(topk=40), ShortestPath(batch_size=batch, max_nodes=nodes),
+                                   stats=stats):
+                pass
+            wall = time.perf_counter() - t0
+            out[f"{tok}, batch {batch}"] = {"nodes": stats.expanded, "seconds": wall,
+                                            "nodes_per_s": stats.expanded / wall, "stub_seconds": model.stats.seconds}
+            print(f"stub {tok} batch {batch}: {out[f'{tok}, batch {batch}']}", file=sys.stderr, flush=True)
+    return out
+
+
+def run(baseline: str = BASELINE) -> Dict:
+    from .setting import setting
+    return {"machine": setting().machine, "versus": versus(baseline), "stub": stub()}
+
+
+def _secs(x) -> str:
+    return "—" if x is None else f"{x:.1f} s"
+
+
+def tables(res: Dict) -> str:
+    v = res["versus"]
+    lines = [f"SmolLM2-135M on cpu (float32), batch size 32; each query in its own process, this checkout's "
+             f"executor and that of `{v['baseline']}` (before issue 17) alternately.", "",
+             "| query | rows | first row, before | first row, now | wall, before | wall, now | "
+             "outside the forward passes, now | same rows |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for name, r in v["queries"].items():
+        now, before = r["now"], r["before"]
+        first_b = _secs(before["first"])
+        if before["first"] is None:  # cancelled at its budget, or a bound stopped it
+            bound = (before.get("stop") or "").partition("bound='")[2].partition("'")[0]
+            first_b = f"none ({bound} after {before['wall']:.0f} s)" if bound else f"none in {before['wall']:.0f} s"
+        same = ("—" if not before["rows"] or before["cut"] else
+                "yes" if [x[:-1] for x in now["rows"]] == [x[:-1] for x in before["rows"]] else "no")
+        over = f"{1 - now['forward'] / now['wall']:.0%}" if now.get("forward") else "—"
+        lines.append(f"| {name} | {len(now['rows'])} | {first_b} | {_secs(now['first'])} | "
+                     f"{before['wall']:.1f} s{' (cut)' if before['cut'] else ''} | {now['wall']:.1f} s | {over} | "
+                     f"{same} |")
+    lines += ["", "The executor alone (URL search, top-k 40, a model whose forward pass is a table lookup):", "",
+              "| tokenization, batch | expanded nodes | nodes/s | of which in the stub |", "|---|---:|---:|---:|"]
+    for name, r in res["stub"].items():
+        lines.append(f"| {name} | {r['nodes']:,} | {r['nodes_per_s']:,.0f} | {r['stub_seconds'] / r['seconds']:.0%} |")
+    return "\n".join(lines)
+
+
+def main(argv: List[str] = None) -> None:
+    import argparse
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--baseline", default=BASELINE, help="the git revision to compare with")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.worker)))
+        return
+    res = run(args.baseline)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    print(tables(res))
+
+
+if __name__ == "__main__":
+    main()
