@@ -85,6 +85,27 @@ def enumerate_paths(automaton, limit: int = 200_000):
     return out
 
 
+def walk_encodings(automaton, vocab, walks: int, steps: int, seed: int = 5) -> int:
+    """Random walks of ``steps`` tokens through a canonical token automaton: asserts that none
+    dead-ends and that every final state reached spells a text whose encoding is the walk's
+    tokens; returns how many final states were checked."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    checked = 0
+    for _ in range(walks):
+        state, toks = automaton.start, []
+        for _ in range(steps):
+            arcs = automaton.arcs(state)
+            assert len(arcs), f"dead end after {toks}"
+            k = rng.integers(len(arcs))
+            state = int(arcs.targets[k])
+            toks.append(int(arcs.tokens[k]))
+            if automaton.is_final(state):
+                checked += 1
+                assert vocab.encode(vocab.decode(toks)) == toks, toks
+    return checked
+
+
 def fullmatch(pattern: str, s: str) -> bool:
     return re.fullmatch(pattern, s) is not None
 

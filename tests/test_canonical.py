@@ -6,7 +6,6 @@ import itertools
 import random
 import re
 
-import numpy as np
 import pytest
 
 from relmql.automata import CompileOptions, compile
@@ -14,7 +13,7 @@ from relmql.automata.bpe import PairTable
 from relmql.errors import CompileError
 from relmql.models.vocab import SENTENCEPIECE, bytes_to_unicode
 
-from conftest import enumerate_paths, segmentations, token_index
+from conftest import enumerate_paths, segmentations, token_index, walk_encodings
 
 CANON = CompileOptions()
 TRICKY = list("ab c.'\n0 ") + ["é", "東", "😀", "’", "\t", "\n\n", "'s", "'re", "'ll", "  ", "\u00a0", "\u2003",
@@ -75,20 +74,7 @@ def test_infinite_language_paths_and_members(request, vocab_name):
         s = random_member(rng, pieces, 12)
         assert ta.accepts(vocab.encode(s)), repr(s)
     # and nothing else: random walks through the automaton are encodings of what they spell
-    nrng = np.random.default_rng(5)
-    checked = 0
-    for _ in range(150):
-        state, toks = ta.start, []
-        for _ in range(10):
-            arcs = ta.arcs(state)
-            assert len(arcs), f"dead end after {toks}"
-            k = nrng.integers(len(arcs))
-            state = int(arcs.targets[k])
-            toks.append(int(arcs.tokens[k]))
-            if ta.is_final(state):
-                checked += 1
-                assert vocab.encode(vocab.decode(toks)) == toks, toks
-    assert checked > 500
+    assert walk_encodings(ta, vocab, walks=150, steps=10) > 500
 
 
 @pytest.mark.parametrize("vocab_name", VOCABS)

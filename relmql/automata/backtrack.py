@@ -267,21 +267,19 @@ class _Subsets:
 
     # -- interning
     def config(self, key: tuple) -> int:
-        c = self.config_id.get(key)
-        if c is None:
-            c = self.config_id[key] = len(self.configs)
-            self.configs.append(key)
-            self._spend()
-        return c
+        return self._number(key, self.config_id, self.configs)
 
     def intern(self, members) -> int:
-        members = self._prune(members)
-        s = self.set_id.get(members)
-        if s is None:
-            s = self.set_id[members] = len(self.sets)
-            self.sets.append(members)
+        return self._number(self._prune(members), self.set_id, self.sets)
+
+    def _number(self, key, ids: dict, items: list) -> int:
+        """``key``'s number in ``items``, appended (and counted against the budget) if new."""
+        n = ids.get(key)
+        if n is None:
+            n = ids[key] = len(items)
+            items.append(key)
             self._spend()
-        return s
+        return n
 
     def _spend(self):
         if len(self.configs) + len(self.sets) > self.budget:
