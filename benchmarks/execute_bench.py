@@ -124,44 +124,6 @@ def bench_shortest(model) -> Dict:
     return out
 
 
-class StubModel:
-    """A model whose forward pass costs next to nothing, with a real vocabulary: each call's
-    next-token log-probabilities are consecutive rows of a fixed table of random ones (skewed as
-    a language model's are), a view, picked by the call's first sequence. A search driving it
-    spends its time in the executor alone (what the stub spends is counted apart)."""
-
-    def __init__(self, vocabulary, rows: int = 1024, seed: int = 0):
-        from relmql.models.base import ModelStats
-        gen = torch.Generator().manual_seed(seed)
-        self.table = torch.log_softmax(torch.randn(rows, len(vocabulary), generator=gen) * 3, -1)
-        self.vocabulary, self.name, self.approximate = vocabulary, "stub", None
-        self.device, self.dtype, self.stats = torch.device("cpu"), torch.float32, ModelStats()
-
-    eos_id = property(lambda self: self.vocabulary.eos_id)
-    bos_id = property(lambda self: self.vocabulary.bos_id)
-
-    def set_cache_budget(self, nbytes: int) -> None:
-        pass
-
-    def extend(self, states, tokens):
-        from relmql.models.base import ModelState
-        t0 = time.perf_counter()
-        seqs = [(st.tokens if st is not None else (self.bos_id,)) + tuple(new) for st, new in zip(states, tokens)]
-        first = (seqs[0][-1] * 7919 + len(seqs[0])) % (len(self.table) - len(seqs))
-        rows = self.table[first:first + len(seqs)]
-        out = []
-        for b, (st, toks, new) in enumerate(zip(states, seqs, tokens)):
-            row = self.table[(first + b + 1) % len(self.table)]  # what the new tokens are read with
-            lps = [float(row[t]) for t in new]
-            if st is not None and lps:
-                lps[0] = np.nan  # its probability is in the state it extends
-            out.append(ModelState(toks, rows[b], np.array(lps)))
-        self.stats.seconds += time.perf_counter() - t0
-        self.stats.calls += 1
-        self.stats.tokens += sum(len(n) for n in tokens)
-        return out
-
-
 # ---------------------------------------------------------------- 2. memorization
 
 

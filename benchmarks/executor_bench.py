@@ -4,7 +4,7 @@ Each query runs in its own process through the public API, once with this checko
 once with the relmql of ``--baseline`` (a git revision, extracted with ``git archive``): time to
 the first row, wall time, the time inside the model's forward passes and the rows themselves.
 Then the executor alone: expanded nodes per second of the URL search driving a model whose forward
-pass costs next to nothing (``execute_bench.StubModel``) at batch 32 and 256.
+pass costs next to nothing (``StubModel``) at batch 32 and 256.
 
     python -m benchmarks.executor_bench [--baseline 0cd00b1] [--json out.json]
 
@@ -23,6 +23,9 @@ import threading
 import time
 from pathlib import Path
 from typing import Dict, List
+
+import numpy as np
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "0cd00b1"  # the executor before issue 17 (padded copies of every node's keys and values)
@@ -108,13 +111,51 @@ def versus(baseline: str = BASELINE) -> Dict:
 # ---------------------------------------------------------------- the executor alone
 
 
+class StubModel:
+    """A model whose forward pass costs next to nothing, with a real vocabulary: each call's
+    next-token log-probabilities are consecutive rows of a fixed table of random ones (skewed as
+    a language model's are), a view, picked by the call's first sequence. A search driving it
+    spends its time in the executor alone (what the stub spends is counted apart)."""
+
+    def __init__(self, vocabulary, rows: int = 1024, seed: int = 0):
+        from relmql.models.base import ModelStats
+        gen = torch.Generator().manual_seed(seed)
+        self.table = torch.log_softmax(torch.randn(rows, len(vocabulary), generator=gen) * 3, -1)
+        self.vocabulary, self.name, self.approximate = vocabulary, "stub", None
+        self.device, self.dtype, self.stats = torch.device("cpu"), torch.float32, ModelStats()
+
+    eos_id = property(lambda self: self.vocabulary.eos_id)
+    bos_id = property(lambda self: self.vocabulary.bos_id)
+
+    def set_cache_budget(self, nbytes: int) -> None:
+        pass
+
+    def extend(self, states, tokens):
+        from relmql.models.base import ModelState
+        t0 = time.perf_counter()
+        seqs = [(st.tokens if st is not None else (self.bos_id,)) + tuple(new) for st, new in zip(states, tokens)]
+        first = (seqs[0][-1] * 7919 + len(seqs[0])) % (len(self.table) - len(seqs))
+        rows = self.table[first:first + len(seqs)]
+        out = []
+        for b, (st, toks, new) in enumerate(zip(states, seqs, tokens)):
+            row = self.table[(first + b + 1) % len(self.table)]  # what the new tokens are read with
+            lps = [float(row[t]) for t in new]
+            if st is not None and lps:
+                lps[0] = np.nan  # its probability is in the state it extends
+            out.append(ModelState(toks, rows[b], np.array(lps)))
+        self.stats.seconds += time.perf_counter() - t0
+        self.stats.calls += 1
+        self.stats.tokens += sum(len(n) for n in tokens)
+        return out
+
+
 def stub(batches=(32, 256), nodes: int = 20_000) -> Dict:
     """Expanded nodes per second of the URL search (top-k 40) on a nearly free model."""
     from relmql.automata import CompileOptions, compile
     from relmql.execute import Decoding, SearchStats, ShortestPath, shortest_path
     from relmql.models import load_model
 
-    from .execute_bench import URL, URL_PREFIX, StubModel
+    from .execute_bench import URL, URL_PREFIX
     model = StubModel(load_model("smollm2-135m").vocabulary)
     out = {}
     for tok in ("canonical", "all"):

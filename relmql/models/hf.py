@@ -251,18 +251,7 @@ class TransformersModel(LanguageModel):
         else:
             from transformers import DynamicCache
             cache = DynamicCache()  # full layers: a sliding-window layer would keep only its window
-        t0 = time.perf_counter()
-        out = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
-                         use_cache=True, **{self._cache_arg: cache})
-        logits = out.logits.float()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        self.stats.seconds += time.perf_counter() - t0
-        self.stats.calls += 1
-        self.stats.tokens += sum(new_len)
-        # float32, as transformers scores (its rounding moves a log-probability by up to 3e-5)
-        logprobs = torch.log_softmax(logits, dim=-1)
-        del logits
+        out, logprobs = self._run(ids, mask.to(dev), pos, cache, sum(new_len))
         # log-probability of each new token given the ones before it
         nxt = torch.zeros((B, N), dtype=torch.long, device=dev)
         nxt[:, :-1] = ids[:, 1:].to(dev)
@@ -273,20 +262,38 @@ class TransformersModel(LanguageModel):
         # the new tokens' keys and values of the whole batch in one tensor; blocks are views of it,
         # and its bytes count until the last of them is dropped
         fresh = torch.stack([t for k, v in layers for t in (k[:, :, P:], v[:, :, P:])], 1)
-        store = _Store(fresh.numel() * fresh.element_size())
+        return self._states(seqs, [fresh[b, :, :, :n] for b, n in enumerate(new_len)], list(within), nexts,
+                            _Store(fresh.numel() * fresh.element_size()))
+
+    def _run(self, ids, mask, pos, cache, ntokens: int):
+        """One forward pass, timed and counted: its output and float32 log-probabilities (as
+        transformers scores; its rounding moves a log-probability by up to 3e-5)."""
+        dev = self.device
+        t0 = time.perf_counter()
+        out = self.model(input_ids=ids.to(dev), attention_mask=mask, position_ids=pos.to(dev),
+                         use_cache=True, **{self._cache_arg: cache})
+        logprobs = torch.log_softmax(out.logits.float(), dim=-1)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        self.stats.seconds += time.perf_counter() - t0
+        self.stats.calls += 1
+        self.stats.tokens += ntokens
+        return out, logprobs
+
+    def _states(self, seqs, kvs, within, nexts, store: "_Store") -> List[ModelState]:
+        """The batch's new states: each element's block of new keys and values (``kvs[e]``, a view
+        into ``store``), the log-probabilities of its new tokens from ``within[e]`` (that of each
+        token at the position before it) and its next-token distribution ``nexts[e]``."""
         states = []
-        for b, (prev, chain, new, known) in enumerate(seqs):
+        for e, (prev, chain, new, known) in enumerate(seqs):
             parent = chain[-1] if chain else None
-            block = KVBlock(parent, fresh[b, :, :, :len(new)], len(new), (parent.length if parent else 0) + len(new),
-                            store)
+            block = KVBlock(parent, kvs[e], len(new), (parent.length if parent else 0) + len(new), store)
             self._register(block)
             # `known` tokens of `new` were read before the caller's (the start token, or a whole
             # evicted sequence); the first caller token's probability needs the position before it
-            if known:
-                tok_lp = within[b, known - 1:len(new) - 1]
-            else:
-                tok_lp = np.concatenate([[np.nan], within[b, :len(new) - 1]])
-            states.append(ModelState(tuple(prev) + tuple(new), nexts[b], tok_lp, block))
+            w = within[e]
+            tok_lp = w[known - 1:len(new) - 1] if known else np.concatenate([[np.nan], w[:len(new) - 1]])
+            states.append(ModelState(tuple(prev) + tuple(new), nexts[e], tok_lp, block))
         return states
 
     def _forward_tree(self, seqs, union: List[KVBlock], where) -> List[ModelState]:
@@ -329,33 +336,17 @@ class TransformersModel(LanguageModel):
             full = torch.cat([blk.kv for blk in union], dim=2)  # [2 * layers, kv_heads, U, head_dim]
             cache = DynamicCache(ddp_cache_data=[(full[2 * i].unsqueeze(0), full[2 * i + 1].unsqueeze(0))
                                                  for i in range(full.shape[0] // 2)])
-        t0 = time.perf_counter()
-        out = self.model(input_ids=ids.unsqueeze(0).to(dev), attention_mask=mask, position_ids=pos.to(dev),
-                         use_cache=True, **{self._cache_arg: cache})
-        logprobs = torch.log_softmax(out.logits[0].float(), dim=-1)  # float32, as transformers scores
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        self.stats.seconds += time.perf_counter() - t0
-        self.stats.calls += 1
-        self.stats.tokens += T
+        out, logprobs = self._run(ids.unsqueeze(0), mask, pos, cache, T)
+        logprobs = logprobs[0]
         nxt = torch.zeros(T, dtype=torch.long, device=dev)
         nxt[:-1] = ids[1:].to(dev)
         within = torch.gather(logprobs, 1, nxt.unsqueeze(-1)).squeeze(-1).double().cpu().numpy()
-        last = torch.from_numpy(starts[1:] - 1).to(dev)
-        nexts = logprobs[last]
+        nexts = logprobs[torch.from_numpy(starts[1:] - 1).to(dev)]
         layers = _cache_tensors(out[self._cache_arg])
         fresh = torch.stack([t[0, :, U:] for k, v in layers for t in (k, v)], 0)  # [2 * layers, kv_heads, T, d]
-        store = _Store(fresh.numel() * fresh.element_size())
-        states = []
-        for e, (prev, chain, new, known) in enumerate(seqs):
-            parent = chain[-1] if chain else None
-            r0, r1 = int(starts[e]), int(starts[e + 1])
-            block = KVBlock(parent, fresh[:, :, r0:r1], len(new), (parent.length if parent else 0) + len(new), store)
-            self._register(block)
-            w = within[r0:r1]
-            tok_lp = w[known - 1:len(new) - 1] if known else np.concatenate([[np.nan], w[:len(new) - 1]])
-            states.append(ModelState(tuple(prev) + tuple(new), nexts[e], tok_lp, block))
-        return states
+        spans = list(zip(starts[:-1].tolist(), starts[1:].tolist()))
+        return self._states(seqs, [fresh[:, :, r0:r1] for r0, r1 in spans], [within[r0:r1] for r0, r1 in spans],
+                            nexts, _Store(fresh.numel() * fresh.element_size()))
 
     def _batch_cache(self, chains, past_len, P):
         """The batch's past keys and values, left-padded to ``P``, built with one concatenation."""
