@@ -6,9 +6,10 @@ import itertools
 import random
 import re
 
+import numpy as np
 import pytest
 
-from relmql.automata import CompileOptions, compile
+from relmql.automata import CompileOptions, TokenAutomaton, compile
 from relmql.automata.bpe import PairTable
 from relmql.errors import CompileError
 from relmql.models.vocab import SENTENCEPIECE, bytes_to_unicode
@@ -168,6 +169,61 @@ def test_pair_table_matches_bpe_on_random_pairs(request, vocab_name):
         b = rng.choice(canon if rng.random() < 0.5 else short)
         bpe = [t.id for t in model.tokenize(spelt(vocab.tokens[a] + vocab.tokens[b]))]
         assert (bpe == [a, b]) == (not table.forbidden_after(int(table.right_class[a]))[b]), (a, b)
+    # the same answers for a few tokens at once, without the whole mask (what a top-k search asks)
+    for _ in range(300):
+        a = rng.choice(canon)
+        bs = np.unique([rng.choice(canon if rng.random() < 0.5 else short) for _ in range(40)] + ids[:3])
+        bpe = [[t.id for t in model.tokenize(spelt(vocab.tokens[a] + vocab.tokens[b]))] == [a, b] for b in bs]
+        assert table.forbidden_among(int(table.right_class[a]), bs).tolist() == [not ok for ok in bpe], a
+
+
+@pytest.mark.parametrize("vocab_name", VOCABS)
+@pytest.mark.parametrize("pattern, prefix", [("Visit https://www\\.[a-z0-9./-]{1,30}", "Visit"),
+                                             ("(The|A) (cat|dog)s? (sat|ran)[.!]?", "(The|A)"),
+                                             ("[^\\n]{0,12}", None)])
+def test_arcs_among_a_few_tokens_are_the_arcs_they_pick(request, vocab_name, pattern, prefix):
+    """A top-k search reads a new state's arcs for its k tokens alone (arcs_among): the arcs of the
+    whole state restricted to those tokens, and at most dead ends besides (no string beyond); a
+    state with arcs may continue. Checked on random walks, each state new to the automaton asked."""
+    vocab = request.getfixturevalue(vocab_name)
+    lang = compile(pattern, vocab, prefix).language
+    whole, few, probe = (TokenAutomaton(lang, vocab) for _ in range(3))  # compile() would give one object
+    rng = np.random.default_rng(3)
+    n = len(vocab.tokens)
+    for _ in range(10):
+        state = whole.start
+        for _ in range(10):
+            arcs = whole.arcs(state)
+            assert probe.may_continue(state) or not len(arcs)
+            if not len(arcs):
+                break
+            # tokens at random and every token whose bytes could come next (BPE's rules refuse some)
+            readable = few._dfa_arcs(few.unpack(state)[0])[0]
+            picked = np.unique(np.concatenate([rng.integers(0, n, 40), readable]).astype(np.int64))
+            want = arcs.among(picked)
+            got = few.arcs_among(state, picked)
+            want_set = set(zip(want.tokens.tolist(), want.targets.tolist(), want.prefix.tolist()))
+            got_set = set(zip(got.tokens.tolist(), got.targets.tolist(), got.prefix.tolist()))
+            assert want_set <= got_set
+            for _, target, _ in got_set - want_set:
+                assert _dead(whole, target), target
+            # on, by any token or by one punctuation byte (after which BPE's pair rule refuses most)
+            punct = np.flatnonzero([len(vocab.tokens[t] or b"") == 1 and not vocab.tokens[t].isalnum()
+                                    for t in arcs.tokens.tolist()])
+            k = rng.choice(punct) if len(punct) and rng.random() < 0.7 else rng.integers(len(arcs))
+            state = int(arcs.targets[k])
+
+
+def _dead(automaton, state: int, depth: int = 5) -> bool:
+    """No accepted text lies within ``depth`` tokens of ``state``, and every path stops sooner."""
+    frontier = {state}
+    for _ in range(depth):
+        if any(automaton.is_final(s) for s in frontier):
+            return False
+        frontier = {int(t) for s in frontier for t in automaton.arcs(s).targets}
+        if not frontier:
+            return True
+    return False
 
 
 def _utf8(data: bytes) -> bool:

@@ -106,6 +106,21 @@ def test_batch_size_does_not_change_the_rows(tiny, batch_size):
     assert np.allclose([lp for _, lp in got], [lp for _, lp in ref], atol=1e-5)
 
 
+@pytest.mark.parametrize("rules", [Decoding(), Decoding(topk=40)], ids=["all tokens", "top-k"])
+def test_children_sorted_for_the_batch_or_node_by_node_give_the_same_rows(smol, monkeypatch, rules):
+    """A batch's children are sorted in one go when they are few (a top-k search), node by node when
+    there are many: both give the same rows, bit for bit."""
+    from relmql.execute import shortest
+    ta = compile("The (cat|dog) (sat|ran) on [a-z ]{1,12}", smol.vocabulary, "The (cat|dog)")
+    opts = ShortestPath(limit=20, batch_size=8)
+    ref = [(r.tokens, r.logprob) for r in execute(ta, smol, opts, rules)]
+    monkeypatch.setattr(shortest, "ONE_SORT", 0)
+    assert [(r.tokens, r.logprob) for r in execute(ta, smol, opts, rules)] == ref
+    monkeypatch.setattr(shortest, "ONE_SORT", 1 << 40)
+    assert [(r.tokens, r.logprob) for r in execute(ta, smol, opts, rules)] == ref
+    assert len(ref) == 20
+
+
 MONTHS = "(January|February|March|April|May|June|July|August|September|October|November|December)"
 
 

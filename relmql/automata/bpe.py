@@ -206,6 +206,42 @@ class PairTable:
         return mask
 
 
+    def forbidden_among(self, right_class: int, tokens: np.ndarray) -> np.ndarray:
+        """``forbidden_after(right_class)[tokens]`` for a few tokens, without the whole mask: the
+        cross merges (x, y) of the class's right chain and each token's left chain, looked up
+        all at once among the merges sorted by (left, right)."""
+        tokens = np.asarray(tokens, np.int64)
+        out = ~self.self_canonical[tokens]
+        chain = self.class_chain[right_class]
+        if not chain or out.all():
+            return out
+        keys, ranks, offsets, lens, ly, lborn, labs = self._flat
+        own = np.flatnonzero(~out)
+        n = lens[tokens[own]]
+        owner = np.repeat(own, n)
+        idx = np.arange(int(n.sum())) + np.repeat(offsets[tokens[own]] - (np.cumsum(n) - n), n)
+        y = ly[idx]
+        cx = np.array(chain, np.int64)
+        key = cx[:, :1] * len(lens) + y
+        pos = np.minimum(np.searchsorted(keys, key), len(keys) - 1)
+        r = ranks[pos]
+        hit = (keys[pos] == key) & (cx[:, 1:2] < r) & (r < cx[:, 2:3]) & (lborn[idx] < r) & (r <= labs[idx])
+        out[owner[hit.any(0)]] = True
+        return out
+
+    @functools.cached_property
+    def _flat(self):
+        """The merges as sorted keys ``left * vocab + right`` with their ranks, and every token's
+        left chain flattened (offsets, lengths, token, born, absorbed), for ``forbidden_among``."""
+        n = len(self.self_canonical)
+        pairs = np.array([(a * n + b, rank) for (a, b), (rank, _) in self.merges.items()], np.int64).reshape(-1, 2)
+        order = np.argsort(pairs[:, 0], kind="stable")
+        lens = np.array([len(c) if c else 0 for c in self.left], np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lens)])
+        flat = np.array([e for c in self.left if c for e in c], np.int64).reshape(-1, 3)
+        return pairs[order, 0], pairs[order, 1], offsets, lens, flat[:, 0], flat[:, 1], flat[:, 2]
+
+
 def _chain(chain: Sequence[Tuple[int, int]]) -> Chain:
     """((token, born, absorbed), ...) from ((token, born), ...)."""
     out = []

@@ -54,6 +54,17 @@ class Arcs:
             got = self.__dict__["_n_prefix"] = int(self.prefix.sum())
         return got
 
+    def among(self, tokens: Optional[np.ndarray]) -> "Arcs":
+        """Every prefix arc (decoding rules do not apply to the prefix), and the completion arcs
+        whose token is in ``tokens`` (sorted; None: every arc)."""
+        if tokens is None:
+            return self
+        n = self.n_prefix
+        sel = n + _positions(self.tokens[n:], tokens)
+        if n:
+            sel = np.concatenate([np.arange(n), sel])
+        return Arcs(self.tokens[sel], self.targets[sel], self.prefix[sel])
+
 
 @dataclass
 class Stats:
@@ -122,6 +133,7 @@ class TokenAutomaton:
         self._arcs_cache = _Lru(CACHE_BYTES // 2)
         self._live_cache: Dict[tuple, object] = {}
         self._alive_memo: Dict[tuple, bool] = {}
+        self._bounds: Dict[int, Tuple[int, int]] = {}
         self._counts: Dict[Tuple[int, int, int], int] = {}
 
     def set_cache_budget(self, nbytes: int) -> None:
@@ -198,6 +210,34 @@ class TokenAutomaton:
         self._arcs_cache.put(state, arcs, arcs.tokens.nbytes + arcs.targets.nbytes + arcs.prefix.nbytes)
         return arcs
 
+    def arcs_among(self, state: int, tokens: Optional[np.ndarray]) -> Arcs:
+        """``arcs(state).among(tokens)``, where a state's arcs are not known yet found for those
+        tokens alone (a search whose rules keep the top k tokens reads k of them, not the whole
+        vocabulary). One difference: a token that leads into a dead end only BPE's pair rule makes
+        (found by looking ahead, which ``arcs`` does for few siblings) may be kept; no string
+        lies beyond it. Not cached: a search reads each state once."""
+        state = int(state)
+        got = self._arcs_cache.get(state)
+        if got is None and tokens is not None:
+            q, tau, lam = self.unpack(state)
+            if self.phase[q] != 0 and self.canonical[1] and lam < self.fb_base:
+                toks, tgts = self._region_arcs(q, tau, lam, 1, tokens)
+                return Arcs(toks, tgts, np.zeros(len(toks), bool))
+        return (got if got is not None else self.arcs(state)).among(tokens)
+
+    def may_continue(self, state: int) -> bool:
+        """Whether a token can follow ``state``: exact where its arcs are known or cheap to know;
+        for a new state of a canonical completion, whether the byte automaton reads on (its
+        tokens may still all be refused by BPE's rules: such a state expands to nothing)."""
+        state = int(state)
+        got = self._arcs_cache.get(state)
+        if got is None:
+            q, _, lam = self.unpack(state)
+            if self.phase[q] != 0 and self.canonical[1] and lam < self.fb_base:
+                return bool((self.delta[q, :256] != self.dead).any())
+            got = self.arcs(state)
+        return len(got) > 0
+
     def accepts(self, tokens, prefix_len: Optional[int] = None) -> bool:
         """Whether a token sequence is in the automaton (with the first ``prefix_len`` tokens
         as prefix tokens, when given)."""
@@ -251,17 +291,20 @@ class TokenAutomaton:
                 state[going] = self.tracker.step(state[going], mat[going, j])
         return state
 
-    def _region_arcs(self, q: int, tau: int, lam: int, region: int) -> Tuple[np.ndarray, np.ndarray]:
+    def _region_arcs(self, q: int, tau: int, lam: int, region: int,
+                     among: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
         if not self.canonical[region]:
             return self._dfa_arcs(q)
-        toks, tq, end, lam2, groups = self._step(q, tau, lam, region)
+        toks, tq, end, lam2, groups = self._step(q, tau, lam, region, among)
         if groups is not None:
             # BPE's pair rule may block every next token: look a few tokens ahead for a way on (for
-            # a crowd of siblings only where few tokens could come next at all)
+            # a crowd of siblings only where few tokens could come next at all; with ``among`` the
+            # crowd is not counted, and every group is taken for one)
             n = len(groups.key)  # byte-fallback and added tokens after them are not checked
             check = np.zeros(len(toks), bool)
-            check[:n] = groups.counts[groups.key] <= 64
-            for k in np.flatnonzero(groups.counts > 64).tolist():
+            if among is None:
+                check[:n] = groups.counts[groups.key] <= 64
+            for k in np.flatnonzero(groups.counts > (64 if among is None else 0)).tolist():
                 q2, t2 = groups.state(k)
                 if self._pair_can_block(q2, t2, region) and self._few_arcs(q2, 32):
                     check[:n] |= groups.key == k
@@ -278,13 +321,14 @@ class TokenAutomaton:
             toks, tq, end, lam2 = toks[order], tq[order], end[order], lam2[order]
         return toks, self._pack(tq, end, lam2)
 
-    def _step(self, q: int, tau: int, lam: int, region: int):
-        """The tokens allowed from (q, tau, lam) in a canonical region, with their byte state,
-        tracker state and right-edge class, keeping those whose (byte state, tracker state) can
-        still finish the region; and the children grouped by (byte state, tracker state)."""
+    def _step(self, q: int, tau: int, lam: int, region: int, among: Optional[np.ndarray] = None):
+        """The tokens allowed from (q, tau, lam) in a canonical region (those in ``among``, when
+        given), with their byte state, tracker state and right-edge class, keeping those whose
+        (byte state, tracker state) can still finish the region; and the children grouped by
+        (byte state, tracker state)."""
         if lam >= self.fb_base:
             return self._fallback_step(q, lam - self.fb_base, region)
-        toks, tq, end, lam2, groups = self._bpe_step(q, tau, lam, region)
+        toks, tq, end, lam2, groups = self._bpe_step(q, tau, lam, region, among)
         extra = []
         if (self.fb is not None or self.tags is not None) and self.tracker.accepts_end(tau):
             if self.fb is not None:
@@ -292,6 +336,9 @@ class TokenAutomaton:
             if self.tags is not None:
                 extra.append(self._tag_step(q, region))
         for f_toks, f_tq, f_end, f_lam in extra:
+            if among is not None and len(f_toks):
+                sel = np.isin(f_toks, among)
+                f_toks, f_tq, f_end, f_lam = f_toks[sel], f_tq[sel], f_end[sel], f_lam[sel]
             if len(f_toks):
                 toks, tq, end, lam2 = (np.concatenate(x) for x in ((toks, f_toks), (tq, f_tq), (end, f_end),
                                                                     (lam2, f_lam)))
@@ -330,12 +377,18 @@ class TokenAutomaton:
         order = np.argsort(toks, kind="stable")
         return toks[order], tq[order], end[order], lam2[order], None
 
-    def _bpe_step(self, q: int, tau: int, lam: int, region: int):
+    def _bpe_step(self, q: int, tau: int, lam: int, region: int, among: Optional[np.ndarray] = None):
         toks, tq, qcode, qvals = self._dfa_coded(q)
+        if among is not None:
+            pos = _positions(toks, among)
+            toks, tq, qcode = toks[pos], tq[pos], qcode[pos]
         pairs, tracker = self.pairs, self.tracker
         keep = pairs.self_canonical[toks]
-        ok = np.ones(len(toks), bool) if lam == 0 else ~pairs.forbidden_after(lam)[toks]
-        t_ok, t_bad = tracker.boundary(np.array([tau, tau]), np.array([True, False]))
+        if lam == 0:
+            ok = np.ones(len(toks), bool)
+        else:
+            ok = ~(pairs.forbidden_after(lam)[toks] if among is None else pairs.forbidden_among(lam, toks))
+        t_ok, t_bad = self._boundaries(tau)
         walk, codes, evals = self._tracker_coded(int(t_ok))
         end, ecode = walk[toks], codes[toks]
         if not ok.all():
@@ -365,6 +418,15 @@ class TokenAutomaton:
                 toks, tq, end, lam2, key = toks[keep], tq[keep], end[keep], lam2[keep], key[keep]
             groups = _Groups(key, counts, qvals, evals)
         return toks, tq, end, lam2, groups
+
+    def _boundaries(self, tau: int) -> Tuple[int, int]:
+        """The tracker states after a token boundary at ``tau`` where BPE produces the pair there
+        and where it does not (memoized: a search meets the same few tracker states again)."""
+        got = self._bounds.get(tau)
+        if got is None:
+            ok, bad = self.tracker.boundary(np.array([tau, tau]), np.array([True, False])).tolist()
+            got = self._bounds[tau] = (ok, bad)
+        return got
 
     def _dfa_coded(self, q: int):
         """``_dfa_arcs(q)`` with each target's code among the distinct targets, and those."""
@@ -419,7 +481,7 @@ class TokenAutomaton:
             if not self._region_end_ok(q, tau, region) and self._few_arcs(q):
                 toks, _ = self._dfa_arcs(q)
                 toks = toks[self.pairs.self_canonical[toks]]
-                t_bad = int(self.tracker.boundary(np.array([tau]), np.array([False]))[0])
+                t_bad = self._boundaries(tau)[1]
                 got = not (t_bad >= 0 and (self._tracker_ends(t_bad, toks) >= 0).any())
             self._live_cache[key] = got
         return got
@@ -451,7 +513,7 @@ class TokenAutomaton:
                 if len(seen) > budget:
                     result = True
                     break
-                tb = int(tracker.boundary(np.array([t1]), np.array([True]))[0])
+                tb = self._boundaries(t1)[0]
                 if tb < 0:
                     continue
                 byts = np.flatnonzero(self.delta[q1, :256] != self.dead)
@@ -618,6 +680,13 @@ class TokenAutomaton:
                                f"has no token containing byte(s) {shown}")
         self.warnings.append(msg)
         return kept
+
+
+def _positions(sorted_values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """The positions in ``sorted_values`` of those of ``wanted`` (sorted) it holds."""
+    pos = np.searchsorted(sorted_values, wanted)
+    pos = pos[pos < len(sorted_values)]
+    return pos[sorted_values[pos] == wanted[:len(pos)]]
 
 
 class _Groups:

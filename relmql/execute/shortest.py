@@ -28,7 +28,7 @@ from typing import Generator, Iterator, List, Optional
 import numpy as np
 import torch
 
-from ..automata.tokens import Arcs, TokenAutomaton
+from ..automata.tokens import TokenAutomaton
 from ..memory import shares
 from ..models.base import LanguageModel, ModelState
 from ..records import Cancelled, Decoding, ExecutionError, ShortestPath, Stop
@@ -39,6 +39,10 @@ CHUNK = 256  # children kept per node; more are recomputed when needed
 NODE_BYTES = 400  # a search node and its queue entry, as Python objects (measured: about 330)
 
 CHILD, RESULT, MORE = 0, 1, 2  # kinds of queue entries (see ShortestPathSearch)
+# a node's stored children, sorted by (tier, val): its queue key is (tier, val)
+KID = np.dtype([("token", np.int64), ("state", np.int64), ("prefix", bool), ("raw", np.float64),
+                ("rule", np.float64), ("tier", np.int8), ("val", np.float64)])
+ONE_SORT = 1 << 16  # up to this many children in a batch are sorted at once, more node by node
 
 
 class _Node:
@@ -49,12 +53,13 @@ class _Node:
         self.parent, self.token, self.state, self.prefix = parent, token, state, prefix
         self.npre, self.ncomp, self.pre_raw, self.cond, self.key = npre, ncomp, pre_raw, cond, key
         self.cache = None   # the model's KV block for this node's tokens
-        self.kids = None    # (tokens, states, is_prefix, raw lp, rule lp, key tier, key value) of the
-        #                     stored children, sorted by key; dropped once all are in the queue
+        self.kids = None    # the stored children (a KID array, sorted by key); dropped once all are
+        #                     in the queue
         self.more = 0       # where the next chunk of children starts, 0 when there is none
 
     def kid_key(self, i: int) -> tuple:
-        return int(self.kids[5][i]), float(self.kids[6][i])
+        kid = self.kids[i]
+        return int(kid["tier"]), float(kid["val"])
 
     def tokens(self) -> List[int]:
         out, n = [], self
@@ -94,21 +99,6 @@ def stacked(states: List[ModelState]) -> torch.Tensor:
     return torch.stack([s.logprobs for s in states])
 
 
-def candidates(arcs: Arcs, kept: Optional[np.ndarray]) -> Arcs:
-    """The arcs worth scoring: every prefix arc (exempt from the rules), and the completion arcs
-    whose token the rules keep (all of them when ``kept`` is None)."""
-    if kept is None:
-        return arcs
-    n = arcs.n_prefix
-    comp = arcs.tokens[n:]
-    pos = np.searchsorted(comp, kept)
-    inside = pos < len(comp)
-    pos, want = pos[inside], kept[inside]
-    pos = pos[comp[pos] == want]
-    sel = np.concatenate([np.arange(n), n + pos])
-    return Arcs(arcs.tokens[sel], arcs.targets[sel], arcs.prefix[sel])
-
-
 def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opts: ShortestPath,
                   cancel: Optional[threading.Event] = None, stats: Optional[SearchStats] = None) -> Iterator[Row]:
     """Rows in non-increasing order of ``opts.order``, exactly, as soon as each is certain."""
@@ -131,6 +121,7 @@ class ShortestPathSearch:
         model.set_cache_budget(self.budget.kv)
         automaton.set_cache_budget(self.budget.automaton)
         self.by_prob = self.opts.order == "prob"
+        self.few = self.rules.topk is not None or self.rules.topp is not None  # RuleScores.kept is set
         self.queue: list = []
         self.batch: list = []
         self.found = 0            # rows released
@@ -215,24 +206,22 @@ class ShortestPathSearch:
 
     def materialize(self, parent: _Node, i: int) -> _Node:
         """Stored child ``i`` of ``parent`` as a node."""
-        toks, states, pre, raw, rule = parent.kids[:5]
-        is_pre = bool(pre[i])
+        tok, state, is_pre, raw, rule, tier, val = parent.kids[i].tolist()
         self.nodes += 1
-        return _Node(parent, int(toks[i]), int(states[i]), is_pre, parent.npre + is_pre,
-                     parent.ncomp + (not is_pre), parent.pre_raw + (float(raw[i]) if is_pre else 0.0),
-                     parent.cond + (0.0 if is_pre else float(rule[i])), parent.kid_key(i))
+        return _Node(parent, tok, state, is_pre, parent.npre + is_pre, parent.ncomp + (not is_pre),
+                     parent.pre_raw + (raw if is_pre else 0.0), parent.cond + (0.0 if is_pre else rule), (tier, val))
 
     def store_kids(self, node: _Node, kids) -> None:
         """Replace a node's stored children (None: drop them), keeping ``kid_bytes``."""
         if node.kids is not None:
-            self.kid_bytes -= sum(a.nbytes for a in node.kids)
+            self.kid_bytes -= node.kids.nbytes
         node.kids = kids
         if kids is not None:
-            self.kid_bytes += sum(a.nbytes for a in kids)
+            self.kid_bytes += kids.nbytes
 
     def next_sibling(self, parent: _Node, i: int) -> None:
         """Child ``i`` of ``parent`` left the queue: queue the next one (or the next chunk)."""
-        if i + 1 < len(parent.kids[0]):
+        if i + 1 < len(parent.kids):
             self.push(parent.kid_key(i + 1), CHILD, parent, i + 1)
         elif parent.more:
             self.push(parent.kid_key(i), MORE, parent, parent.more)
@@ -252,10 +241,10 @@ class ShortestPathSearch:
             return True
         if node.ncomp >= opts.max_tokens and node.npre >= opts.max_prefix_tokens:
             return False
-        arcs = automaton.arcs(node.state)
         if self.stops(node.state):
-            return arcs.n_prefix > 0 and node.npre < opts.max_prefix_tokens
-        return len(arcs) > 0
+            return automaton.arcs(node.state).n_prefix > 0 and node.npre < opts.max_prefix_tokens
+        # rules that keep a few tokens read a new state's arcs for those alone (arcs_among)
+        return automaton.may_continue(node.state) if self.few else len(automaton.arcs(node.state)) > 0
 
     def forced(self, node: _Node):
         """The token and state of a prefix node's only way on, if it has exactly one and the text
@@ -319,45 +308,62 @@ class ShortestPathSearch:
         self.batch = []
         raw = stacked(outs)
         scores = RuleScores(raw, rules)
-        arcs = [candidates(automaton.arcs(node.state), scores.kept[b] if scores.kept else None)
+        arcs = [automaton.arcs_among(node.state, scores.kept[b]) if scores.kept else automaton.arcs(node.state)
                 for b, (node, _) in enumerate(batch)]
-        rows_idx = np.repeat(np.arange(len(batch)), [len(a) for a in arcs])
-        cols = np.concatenate([a.tokens for a in arcs]) if len(rows_idx) else np.zeros(0, np.int64)
+        # every node's candidate children at once: (node, token, target, is prefix), their scores
+        sizes = np.fromiter(map(len, arcs), np.int64, len(arcs))
+        rows_idx = np.repeat(np.arange(len(batch)), sizes)
+        if len(rows_idx):
+            cols, targets, pre = (np.concatenate(x) for x in zip(*((a.tokens, a.targets, a.prefix) for a in arcs)))
+        else:
+            cols, targets, pre = np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool)
         r_t, c_t = torch.from_numpy(rows_idx).to(raw.device), torch.from_numpy(cols.astype(np.int64)).to(raw.device)
         raw_all = raw[r_t, c_t].double().cpu().numpy()
         rule_all = scores.at(r_t, c_t).double().cpu().numpy()
-        every = torch.arange(len(batch), device=raw.device)
-        eos_rule = scores.at(every, torch.full_like(every, eos)).double().cpu().numpy() if eos is not None else None
-        start = 0
-        for b, ((node, chunk), out, a) in enumerate(zip(batch, outs, arcs)):
+        nodes = [node for node, _ in batch]
+        for node, out in zip(nodes, outs):
             if node.cache is None:
                 node.cache = out.cache
-            if node.prefix or node.parent is None:
-                self.prefix_expanded += chunk == 0
-            n = len(a)
-            lr, lu = raw_all[start:start + n], rule_all[start:start + n]
-            start += n
+        self.prefix_expanded += sum(chunk == 0 for node, chunk in batch if node.prefix or node.parent is None)
+        if rules.eos:
+            every = torch.arange(len(batch), device=raw.device)
+            eos_rule = scores.at(every, torch.full_like(every, eos)).double().cpu().numpy()
+        # the children each node may have, keyed: prefix tokens by the prefix's probability (first,
+        # under prob), completion tokens by the completion's (or the whole text's, under total_prob)
+        pre_ok = np.array([n.npre < opts.max_prefix_tokens for n in nodes], bool)
+        comp_ok = np.array([n.ncomp < opts.max_tokens and not self.stops(n.state) for n in nodes], bool)
+        keep = np.where(pre, pre_ok[rows_idx], (rule_all > -math.inf) & comp_ok[rows_idx])
+        kids = np.empty(int(keep.sum()), KID)
+        r = rows_idx[keep]
+        kids["token"], kids["state"], kids["prefix"] = cols[keep], targets[keep], pre[keep]
+        kids["raw"], kids["rule"] = raw_all[keep], rule_all[keep]
+        base_pre = np.array([n.pre_raw for n in nodes])[r]
+        base_cond = np.array([n.cond for n in nodes])[r]
+        p = kids["prefix"]
+        if self.by_prob:
+            kids["tier"] = ~p
+            kids["val"] = np.where(p, -(base_pre + kids["raw"]), -(base_cond + kids["rule"]))
+        else:
+            kids["tier"] = 0
+            kids["val"] = -(base_pre + base_cond + np.where(p, kids["raw"], kids["rule"]))
+        count = np.bincount(r, minlength=len(batch))
+        first = np.cumsum(count) - count
+        if len(kids) <= ONE_SORT:  # one sort for the batch: by node, then key (stable: ties keep arc order)
+            kids = kids[np.lexsort((kids["val"], kids["tier"], r))]
+        for b, (node, chunk) in enumerate(batch):
             if chunk == 0 and rules.eos:
                 edits = automaton.final_edits(node.state)
                 if edits >= 0 and eos_rule[b] > -math.inf:
                     self.push(self.result_key(node.pre_raw, node.cond + eos_rule[b]), RESULT, node, edits)
-            keep = np.where(a.prefix, node.npre < opts.max_prefix_tokens,
-                            (lu > -math.inf) & (node.ncomp < opts.max_tokens) & (not self.stops(node.state)))
-            if not keep.any():
+            if count[b] <= chunk:
                 continue
-            t, s, p, rr, ru = a.tokens[keep], a.targets[keep], a.prefix[keep], lr[keep], lu[keep]
-            if self.by_prob:
-                tier = np.where(p, 0, 1)
-                val = np.where(p, -(node.pre_raw + rr), -(node.cond + ru))
+            mine = kids[first[b]:first[b] + count[b]]
+            if len(kids) > ONE_SORT:
+                mine = mine[np.lexsort((mine["val"], mine["tier"]))[chunk:chunk + CHUNK]]
             else:
-                tier = np.zeros(len(t), np.int64)
-                val = -(node.pre_raw + node.cond + np.where(p, rr, ru))
-            order = np.lexsort((val, tier))[chunk:chunk + CHUNK]
-            if not len(order):
-                continue
-            self.store_kids(node, (t[order], s[order], p[order], rr[order], ru[order], tier[order].astype(np.int8),
-                                   val[order]))
-            node.more = chunk + CHUNK if chunk + CHUNK < len(t) else 0
+                mine = mine[chunk:chunk + CHUNK].copy()
+            self.store_kids(node, mine)
+            node.more = chunk + CHUNK if chunk + CHUNK < count[b] else 0
             self.push(node.kid_key(0), CHILD, node, 0)
         stats.prefix = self.prefix_expanded
         if self.by_prob and self.prefix_expanded > opts.max_prefix_nodes:
