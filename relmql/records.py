@@ -151,7 +151,12 @@ class Decoding:
 
     @property
     def plain(self) -> bool:
-        return self.temperature == 1 and self.topk is None and self.topp is None
+        return self.temperature == 1 and not self.truncates
+
+    @property
+    def truncates(self) -> bool:
+        """Whether top-k or top-p keep only some tokens (``RuleScores.kept`` lists them)."""
+        return self.topk is not None or self.topp is not None
 
     def describe(self) -> List[str]:
         """The rules that are set, in words (EXPLAIN's decoding line)."""

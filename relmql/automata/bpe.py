@@ -205,7 +205,6 @@ class PairTable:
         mask.flags.writeable = False
         return mask
 
-
     def forbidden_among(self, right_class: int, tokens: np.ndarray) -> np.ndarray:
         """``forbidden_after(right_class)[tokens]`` for a few tokens, without the whole mask: the
         cross merges (x, y) of the class's right chain and each token's left chain, looked up

@@ -220,7 +220,7 @@ class TokenAutomaton:
         got = self._arcs_cache.get(state)
         if got is None and tokens is not None:
             q, tau, lam = self.unpack(state)
-            if self.phase[q] != 0 and self.canonical[1] and lam < self.fb_base:
+            if self._per_token(q, lam):
                 toks, tgts = self._region_arcs(q, tau, lam, 1, tokens)
                 return Arcs(toks, tgts, np.zeros(len(toks), bool))
         return (got if got is not None else self.arcs(state)).among(tokens)
@@ -233,10 +233,15 @@ class TokenAutomaton:
         got = self._arcs_cache.get(state)
         if got is None:
             q, _, lam = self.unpack(state)
-            if self.phase[q] != 0 and self.canonical[1] and lam < self.fb_base:
+            if self._per_token(q, lam):
                 return bool((self.delta[q, :256] != self.dead).any())
             got = self.arcs(state)
         return len(got) > 0
+
+    def _per_token(self, q: int, lam: int) -> bool:
+        """Whether a state's arcs are costly and can be found for a few tokens alone: a state of
+        a canonical completion after a BPE token (not inside a byte-fallback character)."""
+        return self.phase[q] != 0 and self.canonical[1] and lam < self.fb_base
 
     def accepts(self, tokens, prefix_len: Optional[int] = None) -> bool:
         """Whether a token sequence is in the automaton (with the first ``prefix_len`` tokens
@@ -382,7 +387,7 @@ class TokenAutomaton:
         if among is not None:
             pos = _positions(toks, among)
             toks, tq, qcode = toks[pos], tq[pos], qcode[pos]
-        pairs, tracker = self.pairs, self.tracker
+        pairs = self.pairs
         keep = pairs.self_canonical[toks]
         if lam == 0:
             ok = np.ones(len(toks), bool)

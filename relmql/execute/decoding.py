@@ -54,7 +54,7 @@ class RuleScores:
         rows, vocab = x.shape
         self.kept: Optional[List[Optional[np.ndarray]]] = None
         self.threshold = torch.full((rows,), -math.inf, dtype=x.dtype, device=x.device)
-        if rules.topk is None and rules.topp is None:
+        if not rules.truncates:
             self.lse = torch.logsumexp(x, dim=-1) if rules.temperature != 1 else torch.zeros_like(self.threshold)
             return
         k = min(rules.topk or vocab, vocab)

@@ -121,7 +121,6 @@ class ShortestPathSearch:
         model.set_cache_budget(self.budget.kv)
         automaton.set_cache_budget(self.budget.automaton)
         self.by_prob = self.opts.order == "prob"
-        self.few = self.rules.topk is not None or self.rules.topp is not None  # RuleScores.kept is set
         self.queue: list = []
         self.batch: list = []
         self.found = 0            # rows released
@@ -244,7 +243,7 @@ class ShortestPathSearch:
         if self.stops(node.state):
             return automaton.arcs(node.state).n_prefix > 0 and node.npre < opts.max_prefix_tokens
         # rules that keep a few tokens read a new state's arcs for those alone (arcs_among)
-        return automaton.may_continue(node.state) if self.few else len(automaton.arcs(node.state)) > 0
+        return automaton.may_continue(node.state) if self.rules.truncates else len(automaton.arcs(node.state)) > 0
 
     def forced(self, node: _Node):
         """The token and state of a prefix node's only way on, if it has exactly one and the text
@@ -348,7 +347,8 @@ class ShortestPathSearch:
             kids["val"] = -(base_pre + base_cond + np.where(p, kids["raw"], kids["rule"]))
         count = np.bincount(r, minlength=len(batch))
         first = np.cumsum(count) - count
-        if len(kids) <= ONE_SORT:  # one sort for the batch: by node, then key (stable: ties keep arc order)
+        one_sort = len(kids) <= ONE_SORT
+        if one_sort:  # one sort for the batch: by node, then key (stable: ties keep arc order)
             kids = kids[np.lexsort((kids["val"], kids["tier"], r))]
         for b, (node, chunk) in enumerate(batch):
             if chunk == 0 and rules.eos:
@@ -358,10 +358,10 @@ class ShortestPathSearch:
             if count[b] <= chunk:
                 continue
             mine = kids[first[b]:first[b] + count[b]]
-            if len(kids) > ONE_SORT:
-                mine = mine[np.lexsort((mine["val"], mine["tier"]))[chunk:chunk + CHUNK]]
-            else:
+            if one_sort:
                 mine = mine[chunk:chunk + CHUNK].copy()
+            else:
+                mine = mine[np.lexsort((mine["val"], mine["tier"]))[chunk:chunk + CHUNK]]
             self.store_kids(node, mine)
             node.more = chunk + CHUNK if chunk + CHUNK < count[b] else 0
             self.push(node.kid_key(0), CHILD, node, 0)

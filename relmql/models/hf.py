@@ -246,11 +246,7 @@ class TransformersModel(LanguageModel):
             ids[b, :len(new)] = torch.tensor(new)
             mask[b, P - past_len[b]:P + len(new)] = 1
             pos[b, :len(new)] = torch.arange(past_len[b], past_len[b] + len(new))
-        if P:
-            cache = self._batch_cache([c for _, c, _, _ in seqs], past_len, P)
-        else:
-            from transformers import DynamicCache
-            cache = DynamicCache()  # full layers: a sliding-window layer would keep only its window
+        cache = self._batch_cache([c for _, c, _, _ in seqs], past_len, P) if P else _full_cache()
         out, logprobs = self._run(ids, mask.to(dev), pos, cache, sum(new_len))
         # log-probability of each new token given the ones before it
         nxt = torch.zeros((B, N), dtype=torch.long, device=dev)
@@ -328,14 +324,13 @@ class TransformersModel(LanguageModel):
             m.masked_fill_(torch.from_numpy(~ok), torch.finfo(self.dtype).min)
             masks[kind] = m.to(dev)
         mask = masks[None] if None in masks else masks
-        from transformers import DynamicCache
-        cache = DynamicCache()  # full layers (a sliding-window layer would drop keys): the mask keeps each window
+        cache = _full_cache()
         if U:
             for blk in union:
                 self._touch(blk)
             full = torch.cat([blk.kv for blk in union], dim=2)  # [2 * layers, kv_heads, U, head_dim]
-            cache = DynamicCache(ddp_cache_data=[(full[2 * i].unsqueeze(0), full[2 * i + 1].unsqueeze(0))
-                                                 for i in range(full.shape[0] // 2)])
+            cache = _full_cache([(full[2 * i].unsqueeze(0), full[2 * i + 1].unsqueeze(0))
+                                 for i in range(full.shape[0] // 2)])
         out, logprobs = self._run(ids.unsqueeze(0), mask, pos, cache, T)
         logprobs = logprobs[0]
         nxt = torch.zeros(T, dtype=torch.long, device=dev)
@@ -350,7 +345,6 @@ class TransformersModel(LanguageModel):
 
     def _batch_cache(self, chains, past_len, P):
         """The batch's past keys and values, left-padded to ``P``, built with one concatenation."""
-        from transformers import DynamicCache
         ref = next(c for c in chains if c is not None)[0].kv
         pieces = []
         for chain, n in zip(chains, past_len):
@@ -361,11 +355,8 @@ class TransformersModel(LanguageModel):
                 pieces.append(blk.kv)
         full = torch.cat(pieces, dim=2)  # [2 * layers, kv_heads, batch * P, head_dim]
         full = full.view(ref.shape[0], ref.shape[1], len(chains), P, ref.shape[3])
-        layers = [(full[2 * i].transpose(0, 1), full[2 * i + 1].transpose(0, 1)) for i in range(ref.shape[0] // 2)]
-        # without the config, every layer keeps all its keys (Gemma 3's sliding-window layers would drop
-        # those outside the window, and the new tokens' keys would be misread); the model's own mask
-        # keeps each layer's window
-        return DynamicCache(ddp_cache_data=layers)
+        return _full_cache([(full[2 * i].transpose(0, 1), full[2 * i + 1].transpose(0, 1))
+                            for i in range(ref.shape[0] // 2)])
 
     @torch.inference_mode()
     def score(self, token_ids: Sequence[int], state: Optional[ModelState] = None) -> np.ndarray:
@@ -376,6 +367,15 @@ class TransformersModel(LanguageModel):
         logits = self.model(input_ids=ids).logits[0, :-1].float()
         lp = torch.log_softmax(logits, -1)
         return lp[torch.arange(len(token_ids)), ids[0, 1:]].double().cpu().numpy()
+
+
+def _full_cache(layers=None):
+    """A transformers ``DynamicCache`` holding ``layers`` ((keys, values) per layer), built
+    without the model's config: every layer then keeps all its keys (Gemma 3's sliding-window
+    layers would drop those outside the window, and the new tokens' keys would be misread); the
+    attention mask keeps each layer's window."""
+    from transformers import DynamicCache
+    return DynamicCache(ddp_cache_data=layers) if layers else DynamicCache()
 
 
 def _mask_kinds(config) -> List[tuple]:
