@@ -11,6 +11,7 @@ import pytest
 
 from relmql.automata import CompileOptions, TokenAutomaton, compile
 from relmql.automata.bpe import PairTable
+from relmql.automata.tokens import Arcs
 from relmql.errors import CompileError
 from relmql.models.vocab import SENTENCEPIECE, bytes_to_unicode
 
@@ -200,7 +201,8 @@ def test_arcs_among_a_few_tokens_are_the_arcs_they_pick(request, vocab_name, pat
             # tokens at random and every token whose bytes could come next (BPE's rules refuse some)
             readable = few._dfa_arcs(few.unpack(state)[0])[0]
             picked = np.unique(np.concatenate([rng.integers(0, n, 40), readable]).astype(np.int64))
-            want = arcs.among(picked)
+            sel = arcs.prefix | np.isin(arcs.tokens, picked)  # every prefix arc, the completion arcs picked
+            want = Arcs(arcs.tokens[sel], arcs.targets[sel], arcs.prefix[sel])
             got = few.arcs_among(state, picked)
             want_set = set(zip(want.tokens.tolist(), want.targets.tolist(), want.prefix.tolist()))
             got_set = set(zip(got.tokens.tolist(), got.targets.tolist(), got.prefix.tolist()))
@@ -212,6 +214,49 @@ def test_arcs_among_a_few_tokens_are_the_arcs_they_pick(request, vocab_name, pat
                                     for t in arcs.tokens.tolist()])
             k = rng.choice(punct) if len(punct) and rng.random() < 0.7 else rng.integers(len(arcs))
             state = int(arcs.targets[k])
+
+
+@pytest.mark.parametrize("vocab_name", ["smol_vocab", "gemma_vocab"])
+def test_arcs_of_a_batch_are_each_states_own_arcs(request, vocab_name):
+    """A search's batch asks arcs_of for many states at once, the same state often more than once
+    and with different kept tokens: row i holds what state i alone gives (the whole arcs, in
+    order, without kept tokens; else every prefix arc and the completion arcs it keeps, in order;
+    a new canonical state's arcs as arcs_among finds them for it alone)."""
+    vocab = request.getfixturevalue(vocab_name)
+    lang = compile("Visit https://www\\.[a-z0-9./-]{1,30}", vocab, "Visit( the)?").language
+    batch_of, alone = TokenAutomaton(lang, vocab), TokenAutomaton(lang, vocab)
+    rng = np.random.default_rng(5)
+    states, state = [], batch_of.start
+    for _ in range(12):  # a walk through the prefix into the completion
+        states.append(state)
+        arcs = alone.arcs(state)
+        if not len(arcs):
+            break
+        state = int(arcs.targets[rng.integers(len(arcs))])
+    for s in states[: len(states) // 2]:
+        batch_of.arcs(s)  # known to the automaton: found whole, then restricted
+    n = len(vocab.tokens)
+    asked = [states[i] for i in rng.integers(len(states), size=30)]
+    kept = [None if rng.random() < 0.2 else np.unique(np.concatenate(
+        [rng.integers(0, n, 40), alone.arcs(s).tokens[rng.integers(max(len(alone.arcs(s)), 1), size=8)]
+         if len(alone.arcs(s)) else []]).astype(np.int64)) for s in asked]
+    for ask in (kept, None):
+        known = {s for s in asked if batch_of._arcs_cache.get(s) is not None}
+        rows, toks, tgts, pre = batch_of.arcs_of(asked, ask)
+        assert (np.diff(rows) >= 0).all()
+        for i, s in enumerate(asked):
+            mine = rows == i
+            got = (toks[mine].tolist(), tgts[mine].tolist(), pre[mine].tolist())
+            whole = alone.arcs(s)
+            if ask is None or ask[i] is None:
+                want = (whole.tokens.tolist(), whole.targets.tolist(), whole.prefix.tolist())
+            elif s in known:
+                sel = whole.prefix | np.isin(whole.tokens, ask[i])
+                want = (whole.tokens[sel].tolist(), whole.targets[sel].tolist(), whole.prefix[sel].tolist())
+            else:
+                one = TokenAutomaton(lang, vocab).arcs_among(s, ask[i])
+                want = (one.tokens.tolist(), one.targets.tolist(), one.prefix.tolist())
+            assert got == want, (i, s)
 
 
 def _dead(automaton, state: int, depth: int = 5) -> bool:

@@ -424,14 +424,17 @@ def test_exact_sampling_gives_up_on_improbable_languages(tiny):
 def test_blockwise_top_values_equal_torch_topk(vocab):
     """decoding.top: the k largest values of each row exactly, and indices that hold them, on
     random rows, rows with ties at the k-th value and rows with -inf (vocabularies that are and
-    are not a multiple of the block size, and one too small for blocks)."""
+    are not a multiple of the block size, and one too small for blocks), also where the rows
+    are not adjacent in memory."""
     from relmql.execute.decoding import top
     gen = torch.Generator().manual_seed(0)
     x = torch.log_softmax(torch.randn(64, vocab, generator=gen) * 3, -1)
     x[1] = torch.round(x[1])  # many ties
     x[2, : vocab // 2] = -math.inf
     x[3, -5:] = 10.0  # the best tokens in the last, partial block
+    wide = torch.cat([x[:, :1], x], 1)
     for k in (1, 41, 100):
+        assert torch.equal(top(wide[:, 1:], k)[0], torch.topk(x, k, dim=-1).values)  # rows apart in memory
         vals, idx = top(x, k)
         ref = torch.topk(x, k, dim=-1)
         assert torch.equal(vals, ref.values)

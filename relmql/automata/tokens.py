@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, List, Optional, Tuple
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -53,17 +53,6 @@ class Arcs:
         if got is None:
             got = self.__dict__["_n_prefix"] = int(self.prefix.sum())
         return got
-
-    def among(self, tokens: Optional[np.ndarray]) -> "Arcs":
-        """Every prefix arc (decoding rules do not apply to the prefix), and the completion arcs
-        whose token is in ``tokens`` (sorted; None: every arc)."""
-        if tokens is None:
-            return self
-        n = self.n_prefix
-        sel = n + _positions(self.tokens[n:], tokens)
-        if n:
-            sel = np.concatenate([np.arange(n), sel])
-        return Arcs(self.tokens[sel], self.targets[sel], self.prefix[sel])
 
 
 @dataclass
@@ -211,19 +200,66 @@ class TokenAutomaton:
         return arcs
 
     def arcs_among(self, state: int, tokens: Optional[np.ndarray]) -> Arcs:
-        """``arcs(state).among(tokens)``, where a state's arcs are not known yet found for those
-        tokens alone (a search whose rules keep the top k tokens reads k of them, not the whole
-        vocabulary). One difference: a token that leads into a dead end only BPE's pair rule makes
-        (found by looking ahead, which ``arcs`` does for few siblings) may be kept; no string
-        lies beyond it. Not cached: a search reads each state once."""
-        state = int(state)
-        got = self._arcs_cache.get(state)
-        if got is None and tokens is not None:
-            q, tau, lam = self.unpack(state)
-            if self._per_token(q, lam):
-                toks, tgts = self._region_arcs(q, tau, lam, 1, tokens)
-                return Arcs(toks, tgts, np.zeros(len(toks), bool))
-        return (got if got is not None else self.arcs(state)).among(tokens)
+        """Every prefix arc of ``state`` and the completion arcs whose token is in ``tokens``
+        (sorted; None: every arc), as ``arcs_of`` finds them for one state."""
+        _, toks, tgts, pre = self.arcs_of([state], [tokens])
+        return Arcs(toks, tgts, pre)
+
+    def arcs_of(self, states: Sequence[int], kept: Optional[Sequence[Optional[np.ndarray]]] = None
+                ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The arcs out of each of ``states`` at once, as flat arrays ``(row, token, target,
+        prefix)`` grouped by row (row i: ``states[i]``'s prefix arcs, then its completion arcs,
+        each part by token). With ``kept``, row i keeps every prefix arc (decoding rules do not
+        apply to the prefix) and the completion arcs whose token is in ``kept[i]`` (sorted; None:
+        all); a state whose arcs are not known yet has them found for those tokens alone (a
+        search whose rules keep the top k tokens reads k of them, not the whole vocabulary). One
+        difference from the whole state's arcs: a token that leads into a dead end only BPE's
+        pair rule makes (found by looking ahead, which ``arcs`` does for few siblings) may be
+        kept; no string lies beyond it. Such a state's arcs are not cached: a search reads each
+        state once."""
+        pieces = []  # (rows, tokens, targets, prefix), each row in exactly one piece or one group's two
+        groups: Dict[int, List[int]] = {}
+        for b, state in enumerate(states):
+            state = int(state)
+            among = kept[b] if kept is not None else None
+            if among is not None and self._arcs_cache.get(state) is None:
+                q, tau, lam = self.unpack(state)
+                if self._per_token(q, lam):
+                    toks, tgts = self._region_arcs(q, tau, lam, 1, among)
+                    pieces.append((np.full(len(toks), b), toks, tgts, np.zeros(len(toks), bool)))
+                    continue
+            groups.setdefault(state, []).append(b)
+        for state, rows in groups.items():
+            arcs = self.arcs(state)
+            whole = [b for b in rows if kept is None or kept[b] is None]
+            if whole:
+                n = len(arcs)
+                pieces.append((np.repeat(whole, n), *(np.tile(x, len(whole)) for x in
+                                                       (arcs.tokens, arcs.targets, arcs.prefix))))
+            few = [b for b in rows if kept is not None and kept[b] is not None]
+            if not few:
+                continue
+            npre = arcs.n_prefix
+            if npre:
+                sel = np.tile(np.arange(npre), len(few))
+                pieces.append((np.repeat(few, npre), arcs.tokens[sel], arcs.targets[sel], arcs.prefix[sel]))
+            comp = arcs.tokens[npre:]
+            want = [kept[b] for b in few]
+            wanted = np.concatenate(want) if len(want) > 1 else want[0]
+            pos = np.searchsorted(comp, wanted)
+            hit = pos < len(comp)
+            hit[hit] = comp[pos[hit]] == wanted[hit]
+            sel = npre + pos[hit]
+            pieces.append((np.repeat(few, [len(w) for w in want])[hit], arcs.tokens[sel], arcs.targets[sel],
+                           arcs.prefix[sel]))
+        if not pieces:
+            empty = np.zeros(0, np.int64)
+            return empty, empty, empty, np.zeros(0, bool)
+        rows, toks, tgts, pre = (np.concatenate(x) for x in zip(*pieces))
+        if len(pieces) > 1:
+            order = np.argsort(rows, kind="stable")
+            rows, toks, tgts, pre = rows[order], toks[order], tgts[order], pre[order]
+        return rows.astype(np.int64, copy=False), toks, tgts, pre
 
     def may_continue(self, state: int) -> bool:
         """Whether a token can follow ``state``: exact where its arcs are known or cheap to know;

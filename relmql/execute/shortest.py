@@ -58,8 +58,8 @@ class _Node:
         self.more = 0       # where the next chunk of children starts, 0 when there is none
 
     def kid_key(self, i: int) -> tuple:
-        kid = self.kids[i]
-        return int(kid["tier"]), float(kid["val"])
+        kid = self.kids[i].tolist()
+        return kid[5], kid[6]  # (tier, val)
 
     def tokens(self) -> List[int]:
         out, n = [], self
@@ -307,15 +307,8 @@ class ShortestPathSearch:
         self.batch = []
         raw = stacked(outs)
         scores = RuleScores(raw, rules)
-        arcs = [automaton.arcs_among(node.state, scores.kept[b]) if scores.kept else automaton.arcs(node.state)
-                for b, (node, _) in enumerate(batch)]
         # every node's candidate children at once: (node, token, target, is prefix), their scores
-        sizes = np.fromiter(map(len, arcs), np.int64, len(arcs))
-        rows_idx = np.repeat(np.arange(len(batch)), sizes)
-        if len(rows_idx):
-            cols, targets, pre = (np.concatenate(x) for x in zip(*((a.tokens, a.targets, a.prefix) for a in arcs)))
-        else:
-            cols, targets, pre = np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool)
+        rows_idx, cols, targets, pre = automaton.arcs_of([node.state for node, _ in batch], scores.kept)
         r_t, c_t = torch.from_numpy(rows_idx).to(raw.device), torch.from_numpy(cols.astype(np.int64)).to(raw.device)
         raw_all = raw[r_t, c_t].double().cpu().numpy()
         rule_all = scores.at(r_t, c_t).double().cpu().numpy()
