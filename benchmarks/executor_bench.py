@@ -14,6 +14,7 @@ relmql to measure first on PYTHONPATH (it imports nothing else of this repositor
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -160,6 +161,7 @@ def stub(batches=(32, 256), nodes: int = 20_000, runs: int = 3) -> Dict:
 
     from .execute_bench import URL, URL_PREFIX
     model = StubModel(load_model("smollm2-135m").vocabulary)
+    gc.freeze()  # as the shell does once a model is loaded (cli._freeze_collector)
     out = {}
     for tok in ("canonical", "all"):
         ta = compile(URL, model.vocabulary, URL_PREFIX, CompileOptions(tokenization=tok))

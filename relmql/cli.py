@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from pathlib import Path
@@ -106,6 +107,7 @@ def _main(args) -> int:
         con = Connection(model=args.model, device=args.device, dtype=args.dtype, seed=args.seed,
                          progress=not args.no_progress, workers=args.workers, address=args.ray_address,
                          threads=args.threads, engine=args.engine)
+        con.models.after_load = _freeze_collector
     except Error as e:
         print(e.render(), file=sys.stderr)
         return EXIT_ERROR
@@ -145,6 +147,15 @@ def _main(args) -> int:
             out.close()
         elif out.failed:
             _quiet_pipe()  # what is left in its buffer would fail again at exit
+
+
+def _freeze_collector(model) -> None:
+    """Move every object alive once a model is loaded (torch, transformers, the model: some
+    430,000) out of the cycle collector's way for the rest of this process, as serving engines
+    do: a search makes tens of thousands of nodes, and each full collection they set off would
+    walk all of those objects again (0.2 s each, measured; about a tenth of a 20,000-node search
+    on a model that costs nothing)."""
+    gc.freeze()
 
 
 class _Plotter:

@@ -175,7 +175,16 @@ def test_pair_table_matches_bpe_on_random_pairs(request, vocab_name):
         a = rng.choice(canon)
         bs = np.unique([rng.choice(canon if rng.random() < 0.5 else short) for _ in range(40)] + ids[:3])
         bpe = [[t.id for t in model.tokenize(spelt(vocab.tokens[a] + vocab.tokens[b]))] == [a, b] for b in bs]
-        assert table.forbidden_among(int(table.right_class[a]), bs).tolist() == [not ok for ok in bpe], a
+        bad = table.forbidden_pairs(np.full(len(bs), table.right_class[a]), bs)
+        assert bad.tolist() == [not ok for ok in bpe], a
+    # and many pairs of different left tokens at once (what a batch of new states asks)
+    lefts = [rng.choice(canon if rng.random() < 0.5 else short) for _ in range(3000)]
+    rights = [rng.choice(canon if rng.random() < 0.5 else short) for _ in range(3000)]
+    rights[::50] = ids[:60]  # special and other tokens that are not BPE's own encoding
+    bpe = [[t.id for t in model.tokenize(spelt(vocab.tokens[a] + vocab.tokens[b]))] == [a, b]
+           for a, b in zip(lefts, rights)]
+    got = table.forbidden_pairs(table.right_class[lefts], np.array(rights))
+    assert got.tolist() == [not ok for ok in bpe]
 
 
 @pytest.mark.parametrize("vocab_name", VOCABS)

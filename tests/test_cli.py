@@ -6,6 +6,7 @@ Most tests call ``relmql.cli.main(argv)`` in-process; two run the real command i
 from __future__ import annotations
 
 import csv
+import gc
 import io
 import json
 import math
@@ -509,3 +510,15 @@ def test_a_plot_into_a_missing_folder_fails_before_the_query_runs(capsys, tmp_pa
     code, out, err = run(capsys, "--plot", str(path), "-c", QUERY + ";")
     assert code == 1 and out == ""
     assert err.splitlines() == [f"error: cannot write {path}: no folder {path.parent}", "hint: the folder must exist"]
+
+
+def test_what_is_alive_once_a_model_is_loaded_leaves_the_cycle_collector(capsys):
+    """The shell freezes the objects alive after loading a model (gc.freeze), so that a long
+    search's full collections do not walk torch's and the model's objects again and again."""
+    gc.unfreeze()
+    try:
+        code, out, _ = run(capsys, "-c", "SELECT text MATCHING 'The (cat|dog)' LIMIT 1")
+        assert code == 0 and out
+        assert gc.get_freeze_count() > 10_000
+    finally:
+        gc.unfreeze()

@@ -17,7 +17,7 @@ PEOPLE = "The (man|woman|cat|dog) (ran|sat|is|was) (here|there|now)"
 def check_queue(search: ShortestPathSearch, released: list) -> None:
     """What must hold whenever the search releases a row."""
     assert not search.batch  # a row is released only once every cheaper node is expanded
-    parents = [node for _, _, kind, node, _ in search.queue if kind == CHILD]
+    parents = [node for _, _, _, kind, node, _ in search.queue if kind == CHILD]
     assert len({id(n) for n in parents}) == len(parents)  # one queued child per node that stores children
     assert all(n.kids is not None for n in parents)
     assert search.kid_bytes == sum(n.kids.nbytes for n in parents)
@@ -25,7 +25,7 @@ def check_queue(search: ShortestPathSearch, released: list) -> None:
     assert search.found == search.stats.rows == len(released) - 1 == released[-1].rank - 1
     # nothing left in the queue is cheaper than the row just released
     last = released[-1]
-    assert all(key >= (0, -last.total_logprob) for key, *_ in search.queue)
+    assert all((tier, val) >= (0, -last.total_logprob) for tier, val, *_ in search.queue)
 
 
 def test_the_queue_and_stored_children_agree_with_the_rows_released(smol):
@@ -53,7 +53,7 @@ def test_results_wait_in_the_queue_until_they_are_certain(tiny):
     search = ShortestPathSearch(ta, tiny, Decoding(), ShortestPath(batch_size=2))
     rows = search.rows()
     first = next(rows)
-    results = [(key, node, edits) for key, _, kind, node, edits in search.queue if kind == RESULT]
+    results = [((tier, val), node, edits) for tier, val, _, kind, node, edits in search.queue if kind == RESULT]
     # ORDER BY prob: every prefix was expanded before the first row, and each result waiting in the
     # queue is a string of the language that the search will release later, in key order
     assert search.stats.prefix >= 4 and first.rank == 1

@@ -205,33 +205,44 @@ class PairTable:
         mask.flags.writeable = False
         return mask
 
-    def forbidden_among(self, right_class: int, tokens: np.ndarray) -> np.ndarray:
-        """``forbidden_after(right_class)[tokens]`` for a few tokens, without the whole mask: the
-        cross merges (x, y) of the class's right chain and each token's left chain, looked up
-        all at once among the merges sorted by (left, right)."""
+    def forbidden_pairs(self, right_classes: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """``forbidden_after(right_classes[i])[tokens[i]]`` for each i, without the whole masks:
+        the cross merges (x, y) of each class's right chain and each token's left chain, looked
+        up all at once among the merges sorted by (left, right)."""
         tokens = np.asarray(tokens, np.int64)
+        right_classes = np.asarray(right_classes, np.int64)
         out = ~self.self_canonical[tokens]
-        chain = self.class_chain[right_class]
-        if not chain or out.all():
-            return out
         keys, ranks, offsets, lens, ly, lborn, labs = self._flat
-        own = np.flatnonzero(~out)
-        n = lens[tokens[own]]
-        owner = np.repeat(own, n)
-        idx = np.arange(int(n.sum())) + np.repeat(offsets[tokens[own]] - (np.cumsum(n) - n), n)
-        y = ly[idx]
-        cx = np.array(chain, np.int64)
-        key = cx[:, :1] * len(lens) + y
+        coffsets, clens, cx, cborn, cabs = self._flat_classes
+        own = np.flatnonzero(~out & (clens[right_classes] > 0))
+        if not len(own):
+            return out
+        # every (pair, entry x of the class's chain), then every (pair, x, entry y of the token's chain)
+        nc = clens[right_classes[own]]
+        pair = np.repeat(own, nc)
+        x = np.arange(len(pair)) + np.repeat(coffsets[right_classes[own]] - (np.cumsum(nc) - nc), nc)
+        nl = lens[tokens[pair]]
+        y = np.arange(int(nl.sum())) + np.repeat(offsets[tokens[pair]] - (np.cumsum(nl) - nl), nl)
+        pair, x = np.repeat(pair, nl), np.repeat(x, nl)
+        key = cx[x] * len(lens) + ly[y]
         pos = np.minimum(np.searchsorted(keys, key), len(keys) - 1)
         r = ranks[pos]
-        hit = (keys[pos] == key) & (cx[:, 1:2] < r) & (r < cx[:, 2:3]) & (lborn[idx] < r) & (r <= labs[idx])
-        out[owner[hit.any(0)]] = True
+        hit = (keys[pos] == key) & (cborn[x] < r) & (r < cabs[x]) & (lborn[y] < r) & (r <= labs[y])
+        out[pair[hit]] = True
         return out
+
+    @functools.cached_property
+    def _flat_classes(self):
+        """Every right-edge class's chain flattened (offsets, lengths, token, born, absorbed)."""
+        lens = np.array([len(c) for c in self.class_chain], np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lens)])
+        flat = np.array([e for c in self.class_chain for e in c], np.int64).reshape(-1, 3)
+        return offsets, lens, flat[:, 0], flat[:, 1], flat[:, 2]
 
     @functools.cached_property
     def _flat(self):
         """The merges as sorted keys ``left * vocab + right`` with their ranks, and every token's
-        left chain flattened (offsets, lengths, token, born, absorbed), for ``forbidden_among``."""
+        left chain flattened (offsets, lengths, token, born, absorbed), for ``forbidden_pairs``."""
         n = len(self.self_canonical)
         pairs = np.array([(a * n + b, rank) for (a, b), (rank, _) in self.merges.items()], np.int64).reshape(-1, 2)
         order = np.argsort(pairs[:, 0], kind="stable")

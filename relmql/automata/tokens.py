@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -53,6 +53,15 @@ class Arcs:
         if got is None:
             got = self.__dict__["_n_prefix"] = int(self.prefix.sum())
         return got
+
+
+class Picked(NamedTuple):
+    """The few tokens a canonical step is asked for (``among``, sorted), the positions among its
+    byte state's tokens of those it reads, and which of those BPE's pair rule allows after the
+    token before."""
+    among: np.ndarray
+    positions: np.ndarray
+    allowed: np.ndarray
 
 
 @dataclass
@@ -219,16 +228,18 @@ class TokenAutomaton:
         state once."""
         pieces = []  # (rows, tokens, targets, prefix), each row in exactly one piece or one group's two
         groups: Dict[int, List[int]] = {}
+        new = []  # (row, q, tau, lam, kept): states whose arcs are found for their kept tokens
         for b, state in enumerate(states):
             state = int(state)
             among = kept[b] if kept is not None else None
             if among is not None and self._arcs_cache.get(state) is None:
                 q, tau, lam = self.unpack(state)
                 if self._per_token(q, lam):
-                    toks, tgts = self._region_arcs(q, tau, lam, 1, among)
-                    pieces.append((np.full(len(toks), b), toks, tgts, np.zeros(len(toks), bool)))
+                    new.append((b, q, tau, lam, among))
                     continue
             groups.setdefault(state, []).append(b)
+        if new:
+            pieces += self._new_arcs(new)
         for state, rows in groups.items():
             arcs = self.arcs(state)
             whole = [b for b in rows if kept is None or kept[b] is None]
@@ -260,6 +271,34 @@ class TokenAutomaton:
             order = np.argsort(rows, kind="stable")
             rows, toks, tgts, pre = rows[order], toks[order], tgts[order], pre[order]
         return rows.astype(np.int64, copy=False), toks, tgts, pre
+
+    def _new_arcs(self, new: List[Tuple[int, int, int, int, np.ndarray]]) -> List[Tuple[np.ndarray, ...]]:
+        """``arcs_of``'s pieces for new states of a canonical completion, each found for its kept
+        tokens: the tokens its byte state reads among them (looked up once per byte state) and
+        BPE's pair test for every state's (one call), then the rest state by state."""
+        picked: List[Optional[np.ndarray]] = [None] * len(new)
+        by_q: Dict[int, List[int]] = {}
+        for i, (_, q, _, _, _) in enumerate(new):
+            by_q.setdefault(q, []).append(i)
+        for q, idx in by_q.items():
+            toks = self._dfa_coded(q)[0]
+            want = [new[i][4] for i in idx]
+            wanted = np.concatenate(want) if len(want) > 1 else want[0]
+            pos = np.searchsorted(toks, wanted)
+            hit = pos < len(toks)
+            hit[hit] = toks[pos[hit]] == wanted[hit]
+            ends = np.cumsum([len(w) for w in want]).tolist()
+            for i, a, e in zip(idx, [0] + ends[:-1], ends):
+                picked[i] = pos[a:e][hit[a:e]]
+        cands = [self._dfa_coded(q)[0][p] for (_, q, _, _, _), p in zip(new, picked)]
+        sizes = [len(c) for c in cands]
+        bad = self.pairs.forbidden_pairs(np.repeat([lam for _, _, _, lam, _ in new], sizes), np.concatenate(cands))
+        out, at = [], 0
+        for (b, q, tau, lam, among), p, n in zip(new, picked, sizes):
+            toks, tgts = self._region_arcs(q, tau, lam, 1, Picked(among, p, ~bad[at:at + n]))
+            at += n
+            out.append((np.full(len(toks), b), toks, tgts, np.zeros(len(toks), bool)))
+        return out
 
     def may_continue(self, state: int) -> bool:
         """Whether a token can follow ``state``: exact where its arcs are known or cheap to know;
@@ -333,10 +372,11 @@ class TokenAutomaton:
         return state
 
     def _region_arcs(self, q: int, tau: int, lam: int, region: int,
-                     among: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
+                     picked: Optional[Picked] = None) -> Tuple[np.ndarray, np.ndarray]:
         if not self.canonical[region]:
             return self._dfa_arcs(q)
-        toks, tq, end, lam2, groups = self._step(q, tau, lam, region, among)
+        toks, tq, end, lam2, groups = self._step(q, tau, lam, region, picked)
+        among = picked.among if picked is not None else None
         if groups is not None:
             # BPE's pair rule may block every next token: look a few tokens ahead for a way on (for
             # a crowd of siblings only where few tokens could come next at all; with ``among`` the
@@ -362,14 +402,14 @@ class TokenAutomaton:
             toks, tq, end, lam2 = toks[order], tq[order], end[order], lam2[order]
         return toks, self._pack(tq, end, lam2)
 
-    def _step(self, q: int, tau: int, lam: int, region: int, among: Optional[np.ndarray] = None):
-        """The tokens allowed from (q, tau, lam) in a canonical region (those in ``among``, when
+    def _step(self, q: int, tau: int, lam: int, region: int, picked: Optional[Picked] = None):
+        """The tokens allowed from (q, tau, lam) in a canonical region (those ``picked``, when
         given), with their byte state, tracker state and right-edge class, keeping those whose
         (byte state, tracker state) can still finish the region; and the children grouped by
         (byte state, tracker state)."""
         if lam >= self.fb_base:
             return self._fallback_step(q, lam - self.fb_base, region)
-        toks, tq, end, lam2, groups = self._bpe_step(q, tau, lam, region, among)
+        toks, tq, end, lam2, groups = self._bpe_step(q, tau, lam, region, picked)
         extra = []
         if (self.fb is not None or self.tags is not None) and self.tracker.accepts_end(tau):
             if self.fb is not None:
@@ -377,8 +417,8 @@ class TokenAutomaton:
             if self.tags is not None:
                 extra.append(self._tag_step(q, region))
         for f_toks, f_tq, f_end, f_lam in extra:
-            if among is not None and len(f_toks):
-                sel = np.isin(f_toks, among)
+            if picked is not None and len(f_toks):
+                sel = np.isin(f_toks, picked.among)
                 f_toks, f_tq, f_end, f_lam = f_toks[sel], f_tq[sel], f_end[sel], f_lam[sel]
             if len(f_toks):
                 toks, tq, end, lam2 = (np.concatenate(x) for x in ((toks, f_toks), (tq, f_tq), (end, f_end),
@@ -418,17 +458,17 @@ class TokenAutomaton:
         order = np.argsort(toks, kind="stable")
         return toks[order], tq[order], end[order], lam2[order], None
 
-    def _bpe_step(self, q: int, tau: int, lam: int, region: int, among: Optional[np.ndarray] = None):
+    def _bpe_step(self, q: int, tau: int, lam: int, region: int, picked: Optional[Picked] = None):
         toks, tq, qcode, qvals = self._dfa_coded(q)
-        if among is not None:
-            pos = _positions(toks, among)
+        if picked is not None:
+            pos = picked.positions
             toks, tq, qcode = toks[pos], tq[pos], qcode[pos]
         pairs = self.pairs
         keep = pairs.self_canonical[toks]
         if lam == 0:
             ok = np.ones(len(toks), bool)
         else:
-            ok = ~(pairs.forbidden_after(lam)[toks] if among is None else pairs.forbidden_among(lam, toks))
+            ok = ~pairs.forbidden_after(lam)[toks] if picked is None else picked.allowed
         t_ok, t_bad = self._boundaries(tau)
         walk, codes, evals = self._tracker_coded(int(t_ok))
         end, ecode = walk[toks], codes[toks]
@@ -721,13 +761,6 @@ class TokenAutomaton:
                                f"has no token containing byte(s) {shown}")
         self.warnings.append(msg)
         return kept
-
-
-def _positions(sorted_values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """The positions in ``sorted_values`` of those of ``wanted`` (sorted) it holds."""
-    pos = np.searchsorted(sorted_values, wanted)
-    pos = pos[pos < len(sorted_values)]
-    return pos[sorted_values[pos] == wanted[:len(pos)]]
 
 
 class _Groups:

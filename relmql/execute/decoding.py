@@ -55,7 +55,7 @@ class RuleScores:
     """
 
     def __init__(self, logprobs: torch.Tensor, rules: Decoding):
-        self.rules = rules
+        self.rules, self.logprobs = rules, logprobs
         x = logprobs if rules.temperature == 1 else logprobs / rules.temperature
         self.x = x
         rows, vocab = x.shape
@@ -100,7 +100,12 @@ class RuleScores:
 
     def at(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Rule log-probabilities of ``tokens[i]`` in distribution ``rows[i]``."""
-        v = self.x[rows, tokens]
+        return self.of(rows, self.logprobs[rows, tokens])
+
+    def of(self, rows: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:
+        """``at`` for tokens whose model log-probabilities (in distribution ``rows[i]``) have
+        been read already."""
+        v = logprobs if self.rules.temperature == 1 else logprobs / self.rules.temperature
         out = v - self.lse[rows]
         return out.masked_fill(v < self.threshold[rows], -math.inf)
 

@@ -106,8 +106,9 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
 
 
 class ShortestPathSearch:
-    """One exact best-first search and its state: the priority ``queue`` of entries ``(key, tie,
-    kind, node, arg)`` (kind CHILD: child ``arg`` of the stored children of ``node``; MORE: the
+    """One exact best-first search and its state: the priority ``queue`` of entries ``(tier, val,
+    tie, kind, node, arg)``, the key ``(tier, val)`` spread out so that comparing entries compares
+    no inner tuple (kind CHILD: child ``arg`` of the stored children of ``node``; MORE: the
     chunk of ``node``'s children from ``arg`` on, to be made again; RESULT: ``node``'s string,
     with ``arg`` edits), the ``batch`` of ``(chain, first child)`` that the next model call
     expands, and what the bounds read: nodes made, bytes of stored children, rows ``found``."""
@@ -155,7 +156,7 @@ class ShortestPathSearch:
         opts, queue = self.opts, self.queue
         held = []
         while queue and len(self.batch) < opts.batch_size:
-            key, _, kind, node, arg = queue[0]
+            tier, val, _, kind, node, arg = queue[0]
             if kind == RESULT:
                 if self.batch or held:
                     # cheaper nodes in the batch must be expanded first; meanwhile fill the batch
@@ -165,7 +166,7 @@ class ShortestPathSearch:
                 if cancel is not None and cancel.is_set():
                     raise Cancelled("the query was cancelled")
                 heapq.heappop(queue)
-                cond = -key[1] if self.by_prob else -key[1] - node.pre_raw
+                cond = -val if self.by_prob else -val - node.pre_raw
                 yield make_row(self.model.vocabulary, node.tokens(), node.npre, cond, node.pre_raw + cond, arg,
                                self.found + 1)
                 self.found += 1
@@ -197,7 +198,7 @@ class ShortestPathSearch:
 
     def push(self, key: tuple, kind: int, node: _Node, arg=0) -> None:
         """Queue an entry (ties go first in, first out)."""
-        heapq.heappush(self.queue, (key, next(self._tie), kind, node, arg))
+        heapq.heappush(self.queue, (key[0], key[1], next(self._tie), kind, node, arg))
 
     def held(self) -> int:
         """Bytes held by the queue, the stored children and the nodes made (an estimate)."""
@@ -310,8 +311,9 @@ class ShortestPathSearch:
         # every node's candidate children at once: (node, token, target, is prefix), their scores
         rows_idx, cols, targets, pre = automaton.arcs_of([node.state for node, _ in batch], scores.kept)
         r_t, c_t = torch.from_numpy(rows_idx).to(raw.device), torch.from_numpy(cols.astype(np.int64)).to(raw.device)
-        raw_all = raw[r_t, c_t].double().cpu().numpy()
-        rule_all = scores.at(r_t, c_t).double().cpu().numpy()
+        picked = raw.view(-1)[r_t * raw.shape[1] + c_t] if raw.is_contiguous() else raw[r_t, c_t]
+        raw_all = picked.double().cpu().numpy()
+        rule_all = scores.of(r_t, picked).double().cpu().numpy()
         nodes = [node for node, _ in batch]
         for node, out in zip(nodes, outs):
             if node.cache is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from ..errors import ModelError, closest
 
@@ -59,11 +59,14 @@ class ModelCache:
 
     def __init__(self):
         self._models: Dict[Tuple[str, Optional[str], Optional[str]], LanguageModel] = {}
+        self.after_load: Optional[Callable[[LanguageModel], None]] = None  # called with each model loaded
 
     def __call__(self, ref) -> LanguageModel:
         key = (ref.name, ref.device, ref.dtype)
         if key not in self._models:
             self._models[key] = load_model(ref.name, device=ref.device, dtype=ref.dtype)
+            if self.after_load is not None:
+                self.after_load(self._models[key])
         return self._models[key]
 
     def put(self, name: str, device: Optional[str], dtype: Optional[str], model: LanguageModel) -> None:
