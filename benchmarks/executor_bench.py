@@ -93,13 +93,18 @@ def _run_worker(name: str, code: Path, budget: float) -> Dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def _extract(revision: str, into: Path) -> None:
+    """The relmql package (and its grammar) of a git revision, into a folder."""
+    archive = subprocess.run(["git", "archive", revision, "relmql", "grammar"], cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+
+
 def versus(baseline: str = BASELINE) -> Dict:
     """Every query with this checkout's relmql and with the baseline's, alternately."""
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
-        archive = subprocess.run(["git", "archive", baseline, "relmql", "grammar"], cwd=ROOT, capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
+        _extract(baseline, base)
         for name, (_, budget) in QUERIES.items():
             now = _run_worker(name, ROOT, budget)
             before = _run_worker(name, base, budget)
@@ -159,7 +164,7 @@ def stub(batches=(32, 256), nodes: int = 20_000, runs: int = 3) -> Dict:
     from relmql.execute import Decoding, SearchStats, ShortestPath, shortest_path
     from relmql.models import load_model
 
-    from .execute_bench import URL, URL_PREFIX
+    from benchmarks.execute_bench import URL, URL_PREFIX
     model = StubModel(load_model("smollm2-135m").vocabulary)
     gc.freeze()  # as the shell does once a model is loaded (cli._freeze_collector)
     out = {}
@@ -184,9 +189,24 @@ def stub(batches=(32, 256), nodes: int = 20_000, runs: int = 3) -> Dict:
     return out
 
 
+def stub_versus(base: Path) -> Dict:
+    """``stub()`` with the relmql of ``base`` (in a process of its own: the same stub model and
+    search, that revision's executor), for the ratio in one run."""
+    env = dict(os.environ, PYTHONPATH=f"{base}{os.pathsep}{ROOT}")
+    p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--stub-worker"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=1800)
+    if p.returncode:
+        raise RuntimeError(f"the stub with {base} failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def run(baseline: str = BASELINE) -> Dict:
     from .setting import setting
-    return {"machine": setting().machine, "versus": versus(baseline), "stub": stub()}
+    out = {"machine": setting().machine, "versus": versus(baseline), "stub": stub()}
+    with tempfile.TemporaryDirectory() as tmp:
+        _extract(baseline, Path(tmp))
+        out["stub_before"] = stub_versus(Path(tmp))
+    return out
 
 
 def _secs(x) -> str:
@@ -214,11 +234,15 @@ def tables(res: Dict) -> str:
                      f"{same} |")
     lines += ["", "The executor alone (URL search, top-k 40, a model whose forward pass is a table lookup):", "",
               f"| tokenization, batch | expanded nodes | nodes/s (median of "
-              f"{len(next(iter(res['stub'].values())).get('runs', [1]))}) | range | of which in the stub |",
-              "|---|---:|---:|---:|---:|"]
+              f"{len(next(iter(res['stub'].values())).get('runs', [1]))}) | range | "
+              f"`{v['baseline']}`, same run (now / then) | of which in the stub |",
+              "|---|---:|---:|---:|---:|---:|"]
+    before = res.get("stub_before", {})
     for name, r in res["stub"].items():
         span = f"{min(r['runs']):,.0f}–{max(r['runs']):,.0f}" if r.get("runs") else "—"
-        lines.append(f"| {name} | {r['nodes']:,} | {r['nodes_per_s']:,.0f} | {span} | "
+        b = before.get(name)
+        was = f"{b['nodes_per_s']:,.0f} ({r['nodes_per_s'] / b['nodes_per_s']:.1f}×)" if b else "—"
+        lines.append(f"| {name} | {r['nodes']:,} | {r['nodes_per_s']:,.0f} | {span} | {was} | "
                      f"{r['stub_seconds'] / r['seconds']:.0%} |")
     return "\n".join(lines)
 
@@ -227,11 +251,15 @@ def main(argv: List[str] = None) -> None:
     import argparse
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--stub-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--baseline", default=BASELINE, help="the git revision to compare with")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args.worker)))
+        return
+    if args.stub_worker:
+        print(json.dumps(stub()))
         return
     res = run(args.baseline)
     if args.json:
