@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import re
 from typing import Dict, Iterable, List, Tuple
@@ -9,6 +10,15 @@ from typing import Dict, Iterable, List, Tuple
 import pytest
 
 from relmql.automata.language import LanguageSpec, compile_language
+
+
+@pytest.fixture(autouse=True)
+def _collector_unfrozen():
+    """The shell freezes what is alive once a model loads (cli._freeze_collector): a test that runs
+    it in this process leaves the session's objects to the cycle collector again."""
+    yield
+    if gc.get_freeze_count():
+        gc.unfreeze()
 
 
 @pytest.fixture(scope="session")

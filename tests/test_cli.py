@@ -515,10 +515,7 @@ def test_a_plot_into_a_missing_folder_fails_before_the_query_runs(capsys, tmp_pa
 def test_what_is_alive_once_a_model_is_loaded_leaves_the_cycle_collector(capsys):
     """The shell freezes the objects alive after loading a model (gc.freeze), so that a long
     search's full collections do not walk torch's and the model's objects again and again."""
-    gc.unfreeze()
-    try:
-        code, out, _ = run(capsys, "-c", "SELECT text MATCHING 'The (cat|dog)' LIMIT 1")
-        assert code == 0 and out
-        assert gc.get_freeze_count() > 10_000
-    finally:
-        gc.unfreeze()
+    assert gc.get_freeze_count() == 0  # conftest unfreezes after every test
+    code, out, _ = run(capsys, "-c", "SELECT text MATCHING 'The (cat|dog)' LIMIT 1")
+    assert code == 0 and out
+    assert gc.get_freeze_count() > 10_000

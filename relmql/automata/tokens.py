@@ -267,7 +267,7 @@ class TokenAutomaton:
             empty = np.zeros(0, np.int64)
             return empty, empty, empty, np.zeros(0, bool)
         rows, toks, tgts, pre = (np.concatenate(x) for x in zip(*pieces))
-        if len(pieces) > 1:
+        if len(pieces) > 1 and (rows[1:] < rows[:-1]).any():  # pieces out of row order
             order = np.argsort(rows, kind="stable")
             rows, toks, tgts, pre = rows[order], toks[order], tgts[order], pre[order]
         return rows.astype(np.int64, copy=False), toks, tgts, pre
