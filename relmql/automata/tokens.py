@@ -224,15 +224,18 @@ class TokenAutomaton:
         search whose rules keep the top k tokens reads k of them, not the whole vocabulary). One
         difference from the whole state's arcs: a token that leads into a dead end only BPE's
         pair rule makes (found by looking ahead, which ``arcs`` does for few siblings) may be
-        kept; no string lies beyond it. Such a state's arcs are not cached: a search reads each
-        state once."""
+        kept; no string lies beyond it. Such arcs are not cached: a search reads each state
+        once."""
         pieces = []  # (rows, tokens, targets, prefix), each row in exactly one piece or one group's two
         groups: Dict[int, List[int]] = {}
         new = []  # (row, q, tau, lam, kept): states whose arcs are found for their kept tokens
         for b, state in enumerate(states):
             state = int(state)
             among = kept[b] if kept is not None else None
-            if among is not None and self._arcs_cache.get(state) is None:
+            if among is not None:
+                # found for the kept tokens even where the whole state's arcs are cached: the same
+                # (state, tokens) always gives the same list, which a chunk of children read again
+                # (CHUNK) counts on
                 q, tau, lam = self.unpack(state)
                 if self._per_token(q, lam):
                     new.append((b, q, tau, lam, among))
