@@ -257,12 +257,8 @@ class TokenAutomaton:
             if npre:
                 sel = np.tile(np.arange(npre), len(few))
                 pieces.append((np.repeat(few, npre), arcs.tokens[sel], arcs.targets[sel], arcs.prefix[sel]))
-            comp = arcs.tokens[npre:]
             want = [kept[b] for b in few]
-            wanted = np.concatenate(want) if len(want) > 1 else want[0]
-            pos = np.searchsorted(comp, wanted)
-            hit = pos < len(comp)
-            hit[hit] = comp[pos[hit]] == wanted[hit]
+            pos, hit = _lookup(arcs.tokens[npre:], want)
             sel = npre + pos[hit]
             pieces.append((np.repeat(few, [len(w) for w in want])[hit], arcs.tokens[sel], arcs.targets[sel],
                            arcs.prefix[sel]))
@@ -280,20 +276,18 @@ class TokenAutomaton:
         tokens: the tokens its byte state reads among them (looked up once per byte state) and
         BPE's pair test for every state's (one call), then the rest state by state."""
         picked: List[Optional[np.ndarray]] = [None] * len(new)
+        cands: List[Optional[np.ndarray]] = [None] * len(new)  # the tokens at those positions
         by_q: Dict[int, List[int]] = {}
         for i, (_, q, _, _, _) in enumerate(new):
             by_q.setdefault(q, []).append(i)
         for q, idx in by_q.items():
             toks = self._dfa_coded(q)[0]
             want = [new[i][4] for i in idx]
-            wanted = np.concatenate(want) if len(want) > 1 else want[0]
-            pos = np.searchsorted(toks, wanted)
-            hit = pos < len(toks)
-            hit[hit] = toks[pos[hit]] == wanted[hit]
+            pos, hit = _lookup(toks, want)
             ends = np.cumsum([len(w) for w in want]).tolist()
             for i, a, e in zip(idx, [0] + ends[:-1], ends):
                 picked[i] = pos[a:e][hit[a:e]]
-        cands = [self._dfa_coded(q)[0][p] for (_, q, _, _, _), p in zip(new, picked)]
+                cands[i] = toks[picked[i]]
         sizes = [len(c) for c in cands]
         bad = self.pairs.forbidden_pairs(np.repeat([lam for _, _, _, lam, _ in new], sizes), np.concatenate(cands))
         out, at = [], 0
@@ -764,6 +758,16 @@ class TokenAutomaton:
                                f"has no token containing byte(s) {shown}")
         self.warnings.append(msg)
         return kept
+
+
+def _lookup(sorted_values: np.ndarray, wanted: List[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
+    """Where each value of the arrays ``wanted`` (concatenated) would sit in ``sorted_values``,
+    and whether it is there."""
+    flat = np.concatenate(wanted) if len(wanted) > 1 else wanted[0]
+    pos = np.searchsorted(sorted_values, flat)
+    hit = pos < len(sorted_values)
+    hit[hit] = sorted_values[pos[hit]] == flat[hit]
+    return pos, hit
 
 
 class _Groups:
