@@ -114,6 +114,81 @@ def test_tree_attention_keeps_gemmas_sliding_window(gemma):
         assert torch.allclose(st.logprobs, ref, atol=2e-4), (ref - st.logprobs).abs().max()
 
 
+def _direct(model, tokens):
+    """Next-token log-probabilities after ``tokens`` from one plain forward pass."""
+    with torch.no_grad():
+        return torch.log_softmax(model.model(torch.tensor([list(tokens)])).logits[0, -1].float(), -1)
+
+
+@pytest.mark.parametrize("model_name", ["tiny", "smol"])
+def test_staged_keys_follow_each_calls_ancestors(request, model_name):
+    """Calls whose ancestors begin alike keep the staged beginning in place; calls that switch
+    roots, drop a block in the middle or go deeper must still read exactly their own ancestors."""
+    model = request.getfixturevalue(model_name)
+    assert model.tree_attention and model.preload, model.attention
+    enc = model.vocabulary.encode
+    one, two = enc("A long shared passage about the history of the city"), enc("Something else entirely")
+    r1, r2 = model.extend([None, None], [one, two])
+    kids = model.extend([r1, r1, r2], [enc(" and"), enc(" but"), enc(" or")])
+    calls = [([kids[0], kids[1]], [enc(" the"), enc(" a")]),   # r1 stays at the start
+             ([kids[1], kids[0]], [enc(" it"), enc(" so")]),   # the same blocks, the other order
+             ([kids[2], kids[0]], [enc(" we"), enc(" he")]),   # another root first
+             ([r1, kids[0]], [enc(" x"), enc(" y")]),          # a shorter list
+             ([kids[0]], [enc(" then")])]
+    placed = []
+    for parents, tokens in calls:
+        for st in model.extend(parents, tokens):
+            assert torch.allclose(st.logprobs, _direct(model, st.tokens), atol=1e-4)
+        placed.append([ref() for ref in model._stage._placed])
+    assert placed[0][0] is r1.cache and placed[1][0] is kids[1].cache.parent
+    assert placed[2][0] is r2.cache
+
+
+def test_grouped_attention_gives_transformers_own_numbers(smol):
+    """SmolLM2 groups 9 query heads over 3 key/value heads: on CPU its queries attend to the
+    shared heads (no copies), and every state is what transformers' SDPA attention gives."""
+    from relmql.models.attention import ATTENTION_NAME
+    assert smol.grouped_attention and smol.model.config._attn_implementation == ATTENTION_NAME
+    assert "grouped-query" in smol.attention
+    enc = smol.vocabulary.encode
+    a, b = enc("The man was trained in"), enc("Hello there")
+
+    def build():
+        root = smol.extend([None], [a])[0]
+        kids = smol.extend([root, root, None], [b[:1], [a[0], a[1]], b])
+        return kids + smol.extend([kids[0], kids[2]], [[a[2]], b[:2]])
+    ours = build()
+    smol.model.set_attn_implementation("sdpa")
+    try:
+        theirs = build()
+    finally:
+        smol.model.set_attn_implementation(ATTENTION_NAME)
+    for x, y in zip(ours, theirs):
+        assert x.tokens == y.tokens
+        assert torch.allclose(x.logprobs, y.logprobs, atol=1e-5), (x.logprobs - y.logprobs).abs().max()
+
+
+def test_a_model_that_writes_keys_elsewhere_gets_copies(tiny, monkeypatch):
+    """Where new keys and values do not land where a call laid them out (checked when a model
+    is wrapped), the cache copies them as transformers does, and the numbers stay right."""
+    from relmql.models import attention
+    from relmql.models.hf import TransformersModel
+
+    def misplaced(self, key_states, value_states, *args, **kwargs):
+        self.keys = torch.cat([self.keys[:, :, 1:], key_states, self.keys[:, :, :1]], dim=-2)
+        self.values = torch.cat([self.values[:, :, 1:], value_states, self.values[:, :, :1]], dim=-2)
+        return self.keys, self.values
+    monkeypatch.setattr(attention._Preloaded, "update", misplaced)
+    wrapped = TransformersModel(tiny.model, tiny.tokenizer, "misplaced")
+    assert not wrapped.preload and "copied once more" in wrapped.attention
+    enc = tiny.vocabulary.encode("Hello there, my friend")
+    root = wrapped.extend([None], [enc[:2]])[0]
+    for tree in (True, False):
+        wrapped.tree_attention = tree
+        for st in wrapped.extend([root, root], [enc[2:4], enc[2:3]]):
+            assert torch.allclose(st.logprobs, _direct(tiny, st.tokens), atol=1e-4)
+
+
 def test_a_model_that_refuses_the_tree_mask_keeps_padded_copies(tiny, monkeypatch):
     """A model family that cannot take a custom 4D mask is read with padded copies, and the model
     says why (EXPLAIN shows it)."""

@@ -16,6 +16,7 @@ import torch
 
 from ..errors import ModelError
 from ..memory import return_large_blocks
+from .attention import Stage, preloaded_cache, use_grouped_attention
 from .base import LanguageModel, ModelState, ModelStats
 from .device import approximate, resolve_device, resolve_dtype
 from .vocab import Vocabulary, from_tokenizer
@@ -85,6 +86,9 @@ class TransformersModel(LanguageModel):
         self._kv_bytes = 0
         self._kv_lru: "OrderedDict[int, weakref.ref]" = OrderedDict()
         self._mask_kinds = _mask_kinds(model.config)
+        self.grouped_attention = use_grouped_attention(self.model)
+        self._stage = Stage()
+        self.preload = True  # a call's past keys and values are laid out with room for its new ones
         self.tree_attention = False
         self.attention = "padded copies of each sequence's keys and values"
         self._probe_tree_attention()
@@ -118,17 +122,20 @@ class TransformersModel(LanguageModel):
         return cls(model.to(dev), tokenizer, name or path)
 
     def _probe_tree_attention(self) -> None:
-        """Use tree attention where this model takes a custom 4D mask: a small tree read both
-        ways must give the same log-probabilities (else the padded path stays, and EXPLAIN says
-        why)."""
+        """Check this model's attention against reading every sequence from its start: keys and
+        values laid out ahead of the call must give the same log-probabilities (else each call
+        copies them, as transformers does), and so must tree attention, where the model takes a
+        custom 4D mask (else the padded path stays, and EXPLAIN says why)."""
         kind = type(self.model).__name__
+        start, new = [self.eos_id, self.bos_id], [[self.bos_id], [self.eos_id, self.bos_id], [self.eos_id]]
         try:
             self.tree_attention = False
-            root = self.extend([None], [[self.eos_id, self.bos_id]])[0]
-            plain = self.extend([root, root, None], [[self.bos_id], [self.eos_id, self.bos_id], [self.eos_id]])
+            truth = self.extend([None] * 3, [start + new[0], start + new[1], new[2]])
+            root = self.extend([None], [start])[0]
+            if _worst(truth, self.extend([root, root, None], new)) > 1e-3:
+                self.preload = False
             self.tree_attention = True
-            tree = self.extend([root, root, None], [[self.bos_id], [self.eos_id, self.bos_id], [self.eos_id]])
-            worst = max(float((a.logprobs - b.logprobs).abs().max()) for a, b in zip(plain, tree))
+            worst = _worst(truth, self.extend([root, root, None], new))
         except Exception as e:  # a model family that cannot take the mask
             self.tree_attention = False
             self.attention = (f"padded copies of each sequence's keys and values ({kind} did not take a tree "
@@ -136,12 +143,18 @@ class TransformersModel(LanguageModel):
             return
         finally:
             self.stats = ModelStats()
+            self._stage.clear()
         if worst > 1e-3:
             self.tree_attention = False
             self.attention = (f"padded copies of each sequence's keys and values ({kind} gave other numbers under a "
                               f"tree attention mask: {worst:.1e})")
         else:
-            self.attention = "tree attention: each call reads its nodes' ancestors' keys and values once"
+            self.attention = ("tree attention: each call lays out its nodes' ancestors' keys and values once, a "
+                              "shared beginning kept in place from call to call")
+        if not self.preload:
+            self.attention += f" (copied once more by the cache: {kind} did not write new keys where laid out)"
+        if self.grouped_attention:
+            self.attention += "; grouped-query heads share their keys and values"
 
     # -- the key/value store
     def _register(self, block: KVBlock):
@@ -166,6 +179,8 @@ class TransformersModel(LanguageModel):
             self._kv_lru.move_to_end(id(block))
 
     def _evict(self):
+        if self._kv_bytes + self._stage.nbytes > self.kv_budget:
+            self._stage.clear()  # cheaper to lay out again than any block to read again
         while self._kv_bytes > self.kv_budget and self._kv_lru:
             key, ref = self._kv_lru.popitem(last=False)
             block = ref()
@@ -179,8 +194,8 @@ class TransformersModel(LanguageModel):
 
     @property
     def kv_bytes(self) -> int:
-        """Bytes of keys and values held now."""
-        return self._kv_bytes
+        """Bytes of keys and values held now (the blocks and the staging buffer)."""
+        return self._kv_bytes + self._stage.nbytes
 
     # -- reading tokens
     @torch.inference_mode()
@@ -246,7 +261,7 @@ class TransformersModel(LanguageModel):
             ids[b, :len(new)] = torch.tensor(new)
             mask[b, P - past_len[b]:P + len(new)] = 1
             pos[b, :len(new)] = torch.arange(past_len[b], past_len[b] + len(new))
-        cache = self._batch_cache([c for _, c, _, _ in seqs], past_len, P) if P else _full_cache()
+        cache = self._batch_cache([c for _, c, _, _ in seqs], past_len, P, N) if P else _full_cache()
         out, logprobs = self._run(ids, mask.to(dev), pos, cache, sum(new_len))
         # log-probability of each new token given the ones before it
         nxt = torch.zeros((B, N), dtype=torch.long, device=dev)
@@ -328,9 +343,10 @@ class TransformersModel(LanguageModel):
         if U:
             for blk in union:
                 self._touch(blk)
-            full = torch.cat([blk.kv for blk in union], dim=2)  # [2 * layers, kv_heads, U, head_dim]
-            cache = _full_cache([(full[2 * i].unsqueeze(0), full[2 * i + 1].unsqueeze(0))
-                                 for i in range(full.shape[0] // 2)])
+            # the ancestors' keys and values one after another, with room for the new tokens'
+            full = self._stage.lay_out(union, T)  # [2 * layers, kv_heads, >= U + T, head_dim]
+            cache = self._preloaded([(full[2 * i, :, :U + T].unsqueeze(0), full[2 * i + 1, :, :U + T].unsqueeze(0))
+                                     for i in range(full.shape[0] // 2)], U)
         out, logprobs = self._run(ids.unsqueeze(0), mask, pos, cache, T)
         logprobs = logprobs[0]
         nxt = torch.zeros(T, dtype=torch.long, device=dev)
@@ -343,20 +359,31 @@ class TransformersModel(LanguageModel):
         return self._states(seqs, [fresh[:, :, r0:r1] for r0, r1 in spans], [within[r0:r1] for r0, r1 in spans],
                             nexts, _Store(fresh.numel() * fresh.element_size()))
 
-    def _batch_cache(self, chains, past_len, P):
-        """The batch's past keys and values, left-padded to ``P``, built with one concatenation."""
+    def _batch_cache(self, chains, past_len, P, N):
+        """The batch's past keys and values, left-padded to ``P``, each followed by room for
+        ``N`` new tokens, built with one concatenation."""
         ref = next(c for c in chains if c is not None)[0].kv
+        zeros = ref.new_zeros(ref.shape[:2] + (P + N,) + ref.shape[3:])
         pieces = []
         for chain, n in zip(chains, past_len):
             if P - n:
-                pieces.append(ref.new_zeros(ref.shape[:2] + (P - n,) + ref.shape[3:]))
+                pieces.append(zeros[:, :, :P - n])
             for blk in chain or ():
                 self._touch(blk)
                 pieces.append(blk.kv)
-        full = torch.cat(pieces, dim=2)  # [2 * layers, kv_heads, batch * P, head_dim]
-        full = full.view(ref.shape[0], ref.shape[1], len(chains), P, ref.shape[3])
-        return _full_cache([(full[2 * i].transpose(0, 1), full[2 * i + 1].transpose(0, 1))
-                            for i in range(ref.shape[0] // 2)])
+            pieces.append(zeros[:, :, :N])
+        full = torch.cat(pieces, dim=2)  # [2 * layers, kv_heads, batch * (P + N), head_dim]
+        full = full.view(ref.shape[0], ref.shape[1], len(chains), P + N, ref.shape[3])
+        return self._preloaded([(full[2 * i].transpose(0, 1), full[2 * i + 1].transpose(0, 1))
+                                for i in range(ref.shape[0] // 2)], P)
+
+    def _preloaded(self, layers, filled: int):
+        """The cache of a call whose past keys and values fill the first ``filled`` positions of
+        ``layers``' buffers (or, where the probe found the model does not write where asked, a
+        plain cache of copies of them)."""
+        if self.preload:
+            return preloaded_cache(layers, filled)
+        return _full_cache([(k[:, :, :filled], v[:, :, :filled]) for k, v in layers])
 
     @torch.inference_mode()
     def score(self, token_ids: Sequence[int], state: Optional[ModelState] = None) -> np.ndarray:
@@ -367,6 +394,11 @@ class TransformersModel(LanguageModel):
         logits = self.model(input_ids=ids).logits[0, :-1].float()
         lp = torch.log_softmax(logits, -1)
         return lp[torch.arange(len(token_ids)), ids[0, 1:]].double().cpu().numpy()
+
+
+def _worst(a: Sequence[ModelState], b: Sequence[ModelState]) -> float:
+    """The largest difference between two lists of states' next-token log-probabilities."""
+    return max(float((x.logprobs - y.logprobs).abs().max()) for x, y in zip(a, b))
 
 
 def _full_cache(layers=None):

@@ -1,0 +1,130 @@
+"""What the transformers backend hands a model's attention layers: keys and values already laid
+out for a call (``preloaded_cache``: each layer's past keys and values in a buffer with room for the
+call's new tokens, which attention writes in place instead of concatenating), a staging buffer
+that keeps a shared beginning in place from one call to the next (``Stage``), and, on CPU, an
+attention function that lets grouped-query models attend without repeating their keys and values
+for every query head (``use_grouped_attention``)."""
+
+from __future__ import annotations
+
+import weakref
+from typing import List, Optional, Sequence
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+ATTENTION_NAME = "relmql_sdpa"
+
+
+class _Preloaded(DynamicLayer):
+    """One layer's past keys and values in buffers ``[batch, kv_heads, filled + new, head_dim]``
+    whose first ``filled`` positions are set: ``update`` writes the call's new keys and values
+    after them and returns views of the whole (one forward pass; a second update concatenates)."""
+
+    is_croppable = False
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, filled: int):
+        super().__init__()
+        self._k, self._v, self._filled = keys, values, filled
+        self.keys, self.values = keys[:, :, :filled], values[:, :, :filled]
+        self.device = keys.device
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        end = self._filled + key_states.shape[-2]
+        if end > self._k.shape[-2] or self.keys.shape[-2] != self._filled:
+            self.keys = torch.cat([self.keys, key_states], dim=-2)
+            self.values = torch.cat([self.values, value_states], dim=-2)
+        else:
+            self._k[:, :, self._filled:end] = key_states
+            self._v[:, :, self._filled:end] = value_states
+            self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+        return self.keys, self.values
+
+
+def preloaded_cache(layers: Sequence[tuple], filled: int):
+    """A transformers cache over ``layers`` ((keys, values) buffers per layer, the first
+    ``filled`` positions set); the new tokens' keys and values land in the rest."""
+    from transformers import DynamicCache
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = None
+    cache.layers = [_Preloaded(k, v, filled) for k, v in layers]
+    return cache
+
+
+class Stage:
+    """One buffer ``[2 * layers, kv_heads, capacity, head_dim]`` into which a call's ancestor
+    blocks are copied, in order; blocks that begin the next call's list in the same places are
+    not copied again (a LAMBADA passage or a long PREFIX is copied once, not once per call)."""
+
+    def __init__(self):
+        self.buffer: Optional[torch.Tensor] = None
+        self._placed: List[weakref.ref] = []  # the blocks now at the buffer's start, in order
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.buffer is None else self.buffer.numel() * self.buffer.element_size()
+
+    def clear(self) -> None:
+        self.buffer, self._placed = None, []
+
+    def lay_out(self, blocks: Sequence, room: int) -> torch.Tensor:
+        """The buffer with ``blocks``' keys and values at its start, one after another, and at
+        least ``room`` free positions after them."""
+        ref = blocks[0].kv
+        total = sum(b.n for b in blocks)
+        need = total + room
+        if self.buffer is None or self.buffer.shape[2] < need or self.buffer.shape[:2] != ref.shape[:2] \
+                or self.buffer.dtype != ref.dtype or self.buffer.device != ref.device:
+            capacity = max(need + need // 4, 256)
+            self.buffer = ref.new_empty(ref.shape[:2] + (capacity,) + ref.shape[3:])
+            self._placed = []
+        kept = 0
+        for old, blk in zip(self._placed, blocks):
+            if old() is not blk:
+                break
+            kept += 1
+        at = sum(b.n for b in blocks[:kept])
+        for blk in blocks[kept:]:
+            self.buffer[:, :, at:at + blk.n] = blk.kv
+            at += blk.n
+        self._placed = [weakref.ref(b) for b in blocks]
+        return self.buffer
+
+
+def _grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers' SDPA attention, except that with a mask on CPU grouped-query heads share
+    their keys and values (``enable_gqa``) instead of copies of them for every query head."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (attention_mask is None or groups <= 1 or query.device.type != "cpu" or kwargs.get("softcap") is not None
+            or kwargs.get("position_bias") is not None or kwargs.get("output_attentions")):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           dropout_p=dropout, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_grouped_attention(model) -> bool:
+    """Switch a CPU model that attends with SDPA and groups its key/value heads to
+    ``_grouped_sdpa`` (registered with transformers' attention and mask interfaces); whether it
+    was switched."""
+    config = model.config
+    if getattr(config, "_attn_implementation", None) == ATTENTION_NAME:
+        return True  # a model wrapped before
+    if getattr(config, "_attn_implementation", None) != "sdpa" or next(model.parameters()).device.type != "cpu":
+        return False
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if not heads or kv_heads == heads:
+        return False
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+    AttentionInterface.register(ATTENTION_NAME, _grouped_sdpa)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    try:
+        model.set_attn_implementation(ATTENTION_NAME)
+    except (ValueError, AttributeError, TypeError):
+        return False
+    return config._attn_implementation == ATTENTION_NAME
