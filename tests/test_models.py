@@ -126,6 +126,7 @@ def test_staged_keys_follow_each_calls_ancestors(request, model_name):
     roots, drop a block in the middle or go deeper must still read exactly their own ancestors."""
     model = request.getfixturevalue(model_name)
     assert model.tree_attention and model.preload, model.attention
+    model.set_cache_budget(2 ** 30)  # another test may have left it low
     enc = model.vocabulary.encode
     one, two = enc("A long shared passage about the history of the city"), enc("Something else entirely")
     r1, r2 = model.extend([None, None], [one, two])
@@ -135,13 +136,15 @@ def test_staged_keys_follow_each_calls_ancestors(request, model_name):
              ([kids[2], kids[0]], [enc(" we"), enc(" he")]),   # another root first
              ([r1, kids[0]], [enc(" x"), enc(" y")]),          # a shorter list
              ([kids[0]], [enc(" then")])]
-    placed = []
+    copied = []
     for parents, tokens in calls:
         for st in model.extend(parents, tokens):
             assert torch.allclose(st.logprobs, _direct(model, st.tokens), atol=1e-4)
-        placed.append([ref() for ref in model._stage._placed])
-    assert placed[0][0] is r1.cache and placed[1][0] is kids[1].cache.parent
-    assert placed[2][0] is r2.cache
+        copied.append(model._stage.copied)
+    # the shared passage stays where it is while it begins the list; the last call's ancestors
+    # are all in place already
+    r1n, k0n, k1n = r1.cache.n, kids[0].cache.n, kids[1].cache.n
+    assert copied == [k0n + k1n, k1n + k0n, r2.cache.n + kids[2].cache.n + r1n + k0n, r1n + k0n, 0], copied
 
 
 def test_grouped_attention_gives_transformers_own_numbers(smol):
@@ -157,7 +160,17 @@ def test_grouped_attention_gives_transformers_own_numbers(smol):
         root = smol.extend([None], [a])[0]
         kids = smol.extend([root, root, None], [b[:1], [a[0], a[1]], b])
         return kids + smol.extend([kids[0], kids[2]], [[a[2]], b[:2]])
-    ours = build()
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kw):
+        calls.append(kw.get("enable_gqa", False))
+        return sdpa(*args, **kw)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+        ours = build()
+    # every layer of the two calls over cached keys attended to the shared heads
+    assert sum(calls) >= 2 * smol.model.config.num_hidden_layers, calls
     smol.model.set_attn_implementation("sdpa")
     try:
         theirs = build()

@@ -60,6 +60,7 @@ class Stage:
     def __init__(self):
         self.buffer: Optional[torch.Tensor] = None
         self._placed: List[weakref.ref] = []  # the blocks now at the buffer's start, in order
+        self.copied = 0  # positions the last lay_out copied
 
     @property
     def nbytes(self) -> int:
@@ -85,6 +86,8 @@ class Stage:
                 break
             kept += 1
         at = sum(b.n for b in blocks[:kept])
+        self._placed = self._placed[:kept]  # what an interrupted copy leaves is not trusted
+        self.copied = total - at
         for blk in blocks[kept:]:
             self.buffer[:, :, at:at + blk.n] = blk.kv
             at += blk.n

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import threading
 import time
 import weakref
 from collections import OrderedDict
@@ -16,7 +17,7 @@ import torch
 
 from ..errors import ModelError
 from ..memory import return_large_blocks
-from .attention import Stage, preloaded_cache, use_grouped_attention
+from .attention import ATTENTION_NAME, Stage, preloaded_cache, use_grouped_attention
 from .base import LanguageModel, ModelState, ModelStats
 from .device import approximate, resolve_device, resolve_dtype
 from .vocab import Vocabulary, from_tokenizer
@@ -88,6 +89,7 @@ class TransformersModel(LanguageModel):
         self._mask_kinds = _mask_kinds(model.config)
         self.grouped_attention = use_grouped_attention(self.model)
         self._stage = Stage()
+        self._lock = threading.RLock()
         self.preload = True  # a call's past keys and values are laid out with room for its new ones
         self.tree_attention = False
         self.attention = "padded copies of each sequence's keys and values"
@@ -122,39 +124,68 @@ class TransformersModel(LanguageModel):
         return cls(model.to(dev), tokenizer, name or path)
 
     def _probe_tree_attention(self) -> None:
-        """Check this model's attention against reading every sequence from its start: keys and
-        values laid out ahead of the call must give the same log-probabilities (else each call
-        copies them, as transformers does), and so must tree attention, where the model takes a
-        custom 4D mask (else the padded path stays, and EXPLAIN says why)."""
+        """Check, on a small tree, each way this backend departs from transformers' own cached
+        forward pass (padded copies, transformers' attention): the grouped-query attention
+        function, keys and values laid out ahead of the call, and tree attention (twice, the
+        second call reusing the staged beginning), where the model takes a custom 4D mask. Each
+        must give the same log-probabilities, else it is switched off and EXPLAIN says why."""
         kind = type(self.model).__name__
         start, new = [self.eos_id, self.bos_id], [[self.bos_id], [self.eos_id, self.bos_id], [self.eos_id]]
+        notes = []
         try:
             self.tree_attention = False
-            truth = self.extend([None] * 3, [start + new[0], start + new[1], new[2]])
-            root = self.extend([None], [start])[0]
-            if _worst(truth, self.extend([root, root, None], new)) > 1e-3:
+            self.preload = False
+            with self._original_attention():
+                root = self.extend([None], [start])[0]
+                parents = [root, root, None]
+                reference = self.extend(parents, new)
+            if self.grouped_attention and not _agrees(reference, lambda: self.extend(parents, new)):
+                self.model.set_attn_implementation("sdpa")
+                self.grouped_attention = False
+                notes.append(f"{kind} gave other numbers with shared key/value heads")
+            self.preload = True
+            if not _agrees(reference, lambda: self.extend(parents, new)):
                 self.preload = False
+                notes.append(f"keys and values copied once more by the cache: {kind} did not write new keys where "
+                             f"laid out")
             self.tree_attention = True
-            worst = _worst(truth, self.extend([root, root, None], new))
+            worst = _worst(reference, self.extend(parents, new))
+            worst = max(worst, _worst(reference, self.extend(parents, new)))  # the staged beginning kept
         except Exception as e:  # a model family that cannot take the mask
             self.tree_attention = False
             self.attention = (f"padded copies of each sequence's keys and values ({kind} did not take a tree "
                               f"attention mask: {type(e).__name__})")
-            return
+            worst = None
         finally:
             self.stats = ModelStats()
             self._stage.clear()
-        if worst > 1e-3:
+        if worst is None:
+            pass
+        elif worst > 1e-3:
             self.tree_attention = False
             self.attention = (f"padded copies of each sequence's keys and values ({kind} gave other numbers under a "
                               f"tree attention mask: {worst:.1e})")
         else:
             self.attention = ("tree attention: each call lays out its nodes' ancestors' keys and values once, a "
                               "shared beginning kept in place from call to call")
-        if not self.preload:
-            self.attention += f" (copied once more by the cache: {kind} did not write new keys where laid out)"
         if self.grouped_attention:
-            self.attention += "; grouped-query heads share their keys and values"
+            notes.append("grouped-query heads share their keys and values")
+        self.attention += "".join(f"; {n}" for n in notes)
+
+    def _original_attention(self):
+        """A context in which the model attends as transformers has it (not ``relmql_sdpa``)."""
+        import contextlib
+        if not self.grouped_attention:
+            return contextlib.nullcontext()
+
+        @contextlib.contextmanager
+        def switched():
+            self.model.set_attn_implementation("sdpa")
+            try:
+                yield
+            finally:
+                self.model.set_attn_implementation(ATTENTION_NAME)
+        return switched()
 
     # -- the key/value store
     def _register(self, block: KVBlock):
@@ -179,9 +210,9 @@ class TransformersModel(LanguageModel):
             self._kv_lru.move_to_end(id(block))
 
     def _evict(self):
-        if self._kv_bytes + self._stage.nbytes > self.kv_budget:
-            self._stage.clear()  # cheaper to lay out again than any block to read again
-        while self._kv_bytes > self.kv_budget and self._kv_lru:
+        if self._stage.nbytes > self.kv_budget // 2:
+            self._stage.clear()  # a budget too small to keep it: laid out afresh each call
+        while self._kv_bytes + self._stage.nbytes > self.kv_budget and self._kv_lru:
             key, ref = self._kv_lru.popitem(last=False)
             block = ref()
             if block is not None and block.kv is not None:
@@ -200,6 +231,10 @@ class TransformersModel(LanguageModel):
     # -- reading tokens
     @torch.inference_mode()
     def extend(self, states: Sequence[Optional[ModelState]], tokens: Sequence[Sequence[int]]) -> List[ModelState]:
+        with self._lock:  # one call at a time: the staging buffer and the block records are shared
+            return self._extend(states, tokens)
+
+    def _extend(self, states, tokens) -> List[ModelState]:
         if len(states) != len(tokens):
             raise ValueError("states and tokens differ in length")
         seqs = []
@@ -399,6 +434,14 @@ class TransformersModel(LanguageModel):
 def _worst(a: Sequence[ModelState], b: Sequence[ModelState]) -> float:
     """The largest difference between two lists of states' next-token log-probabilities."""
     return max(float((x.logprobs - y.logprobs).abs().max()) for x, y in zip(a, b))
+
+
+def _agrees(reference: Sequence[ModelState], read) -> bool:
+    """Whether ``read()`` gives ``reference``'s log-probabilities (False when it raises)."""
+    try:
+        return _worst(reference, read()) <= 1e-3
+    except Exception:
+        return False
 
 
 def _full_cache(layers=None):
