@@ -3,6 +3,7 @@ LM, loaded from a local folder or a Hugging Face hub id (the built-in models' lo
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import threading
@@ -24,6 +25,7 @@ from .vocab import Vocabulary, from_tokenizer
 
 DEFAULT_KV_BUDGET = 2 ** 30  # bytes of cached keys and values kept per model (a query sets its own share)
 LOGITS_BYTES = 256 * 2 ** 20  # float32 logits of one forward pass, at most (unless one sequence needs more)
+PROBE_TOLERANCE = 1e-3  # the most a checked way of reading may differ from transformers' own, at load
 TREE_SHARING = 4  # tree attention while a batch's ancestors take at most this many times its longest one
 
 
@@ -159,33 +161,28 @@ class TransformersModel(LanguageModel):
         finally:
             self.stats = ModelStats()
             self._stage.clear()
-        if worst is None:
-            pass
-        elif worst > 1e-3:
+        if worst is not None and worst > PROBE_TOLERANCE:
             self.tree_attention = False
             self.attention = (f"padded copies of each sequence's keys and values ({kind} gave other numbers under a "
                               f"tree attention mask: {worst:.1e})")
-        else:
+        elif worst is not None:
             self.attention = ("tree attention: each call lays out its nodes' ancestors' keys and values once, a "
                               "shared beginning kept in place from call to call")
         if self.grouped_attention:
             notes.append("grouped-query heads share their keys and values")
         self.attention += "".join(f"; {n}" for n in notes)
 
+    @contextlib.contextmanager
     def _original_attention(self):
         """A context in which the model attends as transformers has it (not ``relmql_sdpa``)."""
-        import contextlib
         if not self.grouped_attention:
-            return contextlib.nullcontext()
-
-        @contextlib.contextmanager
-        def switched():
-            self.model.set_attn_implementation("sdpa")
-            try:
-                yield
-            finally:
-                self.model.set_attn_implementation(ATTENTION_NAME)
-        return switched()
+            yield
+            return
+        self.model.set_attn_implementation("sdpa")
+        try:
+            yield
+        finally:
+            self.model.set_attn_implementation(ATTENTION_NAME)
 
     # -- the key/value store
     def _register(self, block: KVBlock):
@@ -439,7 +436,7 @@ def _worst(a: Sequence[ModelState], b: Sequence[ModelState]) -> float:
 def _agrees(reference: Sequence[ModelState], read) -> bool:
     """Whether ``read()`` gives ``reference``'s log-probabilities (False when it raises)."""
     try:
-        return _worst(reference, read()) <= 1e-3
+        return _worst(reference, read()) <= PROBE_TOLERANCE
     except Exception:
         return False
 
