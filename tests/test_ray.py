@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import ray
@@ -115,15 +116,23 @@ def test_a_killed_worker_is_replaced_and_no_row_is_lost_or_repeated(local, remot
     replaced, retried, resumed = pool.replaced, pool.retried, pool.resumed
     rows = iter(remote.sql(sql))
     got = []
-    victim = None
-    while victim is None:  # read until a worker is part-way through a data row, then kill it
-        got.append(next(rows))
+
+    def partial():
         with pool.lock:
-            partial = [c for c in pool.calls.values()
-                       if any(0 < c.job.units[u].received and not c.job.units[u].done for u in c.units)]
-        if partial:
-            victim = partial[0].actor
-    os.kill(pool.info()[victim]["pid"], signal.SIGKILL)
+            return {(c.actor, u) for c in pool.calls.values() for u in c.units
+                    if 0 < c.job.units[u].received and not c.job.units[u].done}
+
+    killed = False
+    while not killed:  # read until a worker is part-way through a data row, then kill it
+        got.append(next(rows))
+        for actor, unit in sorted(partial())[:1]:
+            # freeze it first and let the pieces already on their way land: the row may have
+            # ended meanwhile, and only a row still part-way through when it dies is resumed
+            pid = pool.info()[actor]["pid"]
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.5)
+            killed = (actor, unit) in partial()
+            os.kill(pid, signal.SIGKILL if killed else signal.SIGCONT)
     got.extend(rows)
     assert pool.replaced == replaced + 1
     assert pool.retried > retried  # the dead worker's data rows ran again, on its replacement
