@@ -56,6 +56,7 @@ class RuleScores:
 
     def __init__(self, logprobs: torch.Tensor, rules: Decoding):
         self.rules, self.logprobs = rules, logprobs
+        self._np = None  # (logprobs, lse, threshold) as numpy arrays, once pick() needs them
         x = logprobs if rules.temperature == 1 else logprobs / rules.temperature
         self.x = x
         rows, vocab = x.shape
@@ -108,6 +109,22 @@ class RuleScores:
         v = logprobs if self.rules.temperature == 1 else logprobs / self.rules.temperature
         out = v - self.lse[rows]
         return out.masked_fill(v < self.threshold[rows], -math.inf)
+
+    def pick(self, rows: np.ndarray, tokens: np.ndarray):
+        """Model and rule log-probabilities of ``tokens[i]`` in distribution ``rows[i]``, as float64
+        numpy arrays (``at`` and the model's own values in one read; on a CPU read from numpy,
+        whose float32 arithmetic rounds as torch's does, without a torch call per batch)."""
+        lp = self.logprobs
+        if lp.device.type != "cpu" or self.rules.temperature != 1 or lp.dtype not in (torch.float32, torch.float64):
+            r, t = torch.from_numpy(rows).to(lp.device), torch.from_numpy(tokens.astype(np.int64)).to(lp.device)
+            picked = lp[r, t]
+            return picked.double().cpu().numpy(), self.of(r, picked).double().cpu().numpy()
+        if self._np is None:
+            self._np = (lp.numpy(), self.lse.numpy(), self.threshold.numpy())
+        table, lse, threshold = self._np
+        picked = table[rows, tokens]
+        rule = np.where(picked < threshold[rows], -np.inf, picked - lse[rows])
+        return picked.astype(np.float64), rule.astype(np.float64)
 
     def full(self) -> torch.Tensor:
         """The whole rule-adjusted ``[batch, vocab]`` log-probabilities."""
