@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Dict
+
+import numpy as np
 
 
 def cache_dir() -> Path:
@@ -30,6 +33,24 @@ def cached_json(name: str, build: Callable[[], Any]) -> Any:
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     try:
         tmp.write_text(json.dumps(value))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return value
+
+
+def cached_arrays(name: str, build: Callable[[], Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
+    """``build()``'s named numpy arrays, kept in ``<cache>/<name>.npz`` across runs."""
+    path = cache_dir() / f"{name}.npz"
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile):  # damaged: built again
+        pass
+    value = build()
+    tmp = path.with_name(f"{name}.{os.getpid()}.tmp.npz")
+    try:
+        np.savez_compressed(tmp, **value)
         os.replace(tmp, path)
     except OSError:
         pass

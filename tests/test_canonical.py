@@ -189,6 +189,33 @@ def test_pair_table_matches_bpe_on_random_pairs(request, vocab_name):
     assert got.tolist() == [not ok for ok in bpe]
 
 
+@pytest.mark.parametrize("vocab_name", ["smol_vocab", "mistral_vocab"])
+def test_pair_table_read_back_from_the_cache_answers_as_built(request, vocab_name, tmp_path, monkeypatch):
+    vocab = request.getfixturevalue(vocab_name)
+    monkeypatch.setenv("RELMQL_CACHE", str(tmp_path))
+    built = PairTable(vocab)  # BPE of every token, written to the cache
+    files = list(tmp_path.glob("bpe-edges-*.npz"))
+    assert len(files) == 1
+
+    def no_bpe(self, data):
+        raise AssertionError("the cached table ran BPE again")
+    with monkeypatch.context() as m:
+        m.setattr(PairTable, "encode_chunk", no_bpe)
+        cached = PairTable(vocab)
+    assert np.array_equal(built.self_canonical, cached.self_canonical)
+    assert np.array_equal(built.right_class, cached.right_class) and built.class_chain == cached.class_chain
+    rng = np.random.default_rng(5)
+    for c in rng.integers(0, built.classes, 40).tolist():
+        assert np.array_equal(built.forbidden_after(c), cached.forbidden_after(c))
+    lefts, rights = rng.integers(0, len(vocab.tokens), (2, 20_000))
+    assert np.array_equal(built.forbidden_pairs(built.right_class[lefts], rights),
+                          cached.forbidden_pairs(cached.right_class[lefts], rights))
+    files[0].write_bytes(b"not a numpy archive")  # a damaged cache file is built again
+    again = PairTable(vocab)
+    assert np.array_equal(again.right_class, built.right_class)
+    assert np.load(files[0])["own"].sum() == built.self_canonical.sum()
+
+
 @pytest.mark.parametrize("vocab_name", VOCABS)
 @pytest.mark.parametrize("pattern, prefix", [("Visit https://www\\.[a-z0-9./-]{1,30}", "Visit"),
                                              ("(The|A) (cat|dog)s? (sat|ran)[.!]?", "(The|A)"),

@@ -18,16 +18,20 @@ the right (a right merge of equal rank is further right, so the cross merge goes
 from __future__ import annotations
 
 import functools
+import hashlib
 import heapq
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..cache import cached_arrays
 from ..errors import ModelError
 from ..models.vocab import BYTE_LEVEL, SENTENCEPIECE, Vocabulary, bytes_to_unicode
 
 INF = np.iinfo(np.int64).max
 Chain = Tuple[Tuple[int, int, int], ...]  # ((token, born, absorbed), ...)
+_SOURCE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]  # cached tables go with the code
 
 
 class PairTable:
@@ -65,38 +69,68 @@ class PairTable:
             self.fallback = np.array([piece_id.get(f"<0x{b:02X}>", -1) if fallback else -1 for b in range(256)],
                                      np.int64)
             self.fallback_splits = self._fallback_splits(piece_id)
-        self.self_canonical = np.zeros(n, bool)
-        left: List[Optional[Chain]] = [None] * n
-        right: List[Optional[Chain]] = [None] * n
-        for t, data in enumerate(vocab.tokens):
-            if data is None:
-                continue
-            ids, lchain, rchain = self.encode_chunk(data)
-            if ids == [t]:
-                self.self_canonical[t] = True
-                left[t], right[t] = lchain, rchain
-        self.left = left
+        edges = self._edges(vocab)
+        self.self_canonical = edges["own"]
         # right-edge classes: tokens with the same right chain cannot be told apart by a pair test
-        classes: Dict[Chain, int] = {}
-        self.right_class = np.zeros(n, np.int64)
-        for t in range(n):
-            if right[t] is not None:
-                self.right_class[t] = classes.setdefault(right[t], len(classes) + 1)
-        self.class_chain: List[Chain] = [()] + list(classes)
-        # for each token y: the tokens whose left chain holds y, with the rank absorbing y there
-        index: Dict[int, List[Tuple[int, int, int]]] = {}
-        for t in range(n):
-            for y, born, absorbed in left[t] or ():
-                index.setdefault(y, []).append((absorbed, born, t))
-        self.left_index: Dict[int, Tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        for y, rows in index.items():
-            rows.sort(reverse=True)  # by absorbing rank, descending
-            arr = np.array(rows, np.int64)
-            self.left_index[y] = (arr[:, 0], arr[:, 1], arr[:, 2])
+        self.right_class = edges["right_class"]
+        self.classes = len(edges["class_lens"]) + 1  # class 0: no chain
+        # every token's left chain, flattened (offsets, lengths, token, born, absorbed)
+        lens = edges["left_lens"]
+        self._left = (np.concatenate([[0], np.cumsum(lens)]), lens, *edges["left"].T)
+        self._class_edges = (np.concatenate([[0], edges["class_lens"]]), edges["classes"])
+        # for each token y: the tokens whose left chain holds y, with the rank absorbing y there,
+        # by y, then by absorbing rank, descending (``_left_holding``)
+        _, _, y, born, absorbed = self._left
+        owner = np.repeat(np.arange(n), lens)
+        order = np.lexsort((-owner, -born, -absorbed, y))
+        self._holding = (y[order], absorbed[order], born[order], owner[order])
         by_left: Dict[int, List[Tuple[int, int]]] = {}
         for (ia, ib), (rank, _) in self.merges.items():
             by_left.setdefault(ia, []).append((rank, ib))
         self.by_left = {k: sorted(v) for k, v in by_left.items()}
+
+    def _edges(self, vocab: Vocabulary) -> Dict[str, np.ndarray]:
+        """BPE of every token, kept in the user's cache across runs (about a second in Python for
+        a 50,000-token vocabulary): ``own``, whether BPE produces the token for its own bytes; for
+        those, ``left_lens`` and ``left``, their left edge chains flattened (token, born,
+        absorbed); ``right_class``, their right edge chain's class (from 1, in order of first
+        token), and each class's chain flattened (``class_lens``, ``classes``)."""
+        n = len(vocab.tokens)
+
+        def build() -> Dict[str, np.ndarray]:
+            own = np.zeros(n, bool)
+            left_lens, right_class = np.zeros(n, np.int64), np.zeros(n, np.int64)
+            left: list = []
+            classes: Dict[Chain, int] = {}
+            for t, data in enumerate(vocab.tokens):
+                if data is None:
+                    continue
+                ids, lchain, rchain = self.encode_chunk(data)
+                if ids == [t]:
+                    own[t] = True
+                    left_lens[t] = len(lchain)
+                    left.extend(lchain)
+                    right_class[t] = classes.setdefault(rchain, len(classes) + 1)
+            return {"own": own, "left_lens": left_lens, "left": np.array(left, np.int64).reshape(-1, 3),
+                    "right_class": right_class, "class_lens": np.array([len(c) for c in classes], np.int64),
+                    "classes": np.array([e for c in classes for e in c], np.int64).reshape(-1, 3)}
+
+        return cached_arrays(f"bpe-edges-{_SOURCE}-{vocab.fingerprint}", build)
+
+    @functools.cached_property
+    def class_chain(self) -> List[Chain]:
+        """Each right-edge class's chain ((token, born, absorbed), ...); class 0 has none."""
+        lens, flat = self._class_edges
+        entries = [tuple(e) for e in flat.tolist()]
+        ends = np.cumsum(lens).tolist()
+        return [tuple(entries[e - k:e]) for e, k in zip(ends, lens.tolist())]
+
+    def _left_holding(self, y: int) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The tokens whose left chain holds ``y``: (absorbing rank, born, token), by absorbing
+        rank descending (None when there are none)."""
+        ys, absorbed, born, owner = self._holding
+        a, b = np.searchsorted(ys, y), np.searchsorted(ys, y, side="right")
+        return (absorbed[a:b], born[a:b], owner[a:b]) if b > a else None
 
     def units(self, data: bytes) -> Optional[List[int]]:
         """The symbols BPE starts from for ``data`` (None where a character has none)."""
@@ -196,7 +230,7 @@ class PairTable:
                     continue
                 if rank >= absorbed_x:
                     break
-                entry = self.left_index.get(y)
+                entry = self._left_holding(y)
                 if entry is None:
                     continue
                 absorbed, born, tokens = entry
@@ -234,10 +268,8 @@ class PairTable:
     @functools.cached_property
     def _flat_classes(self):
         """Every right-edge class's chain flattened (offsets, lengths, token, born, absorbed)."""
-        lens = np.array([len(c) for c in self.class_chain], np.int64)
-        offsets = np.concatenate([[0], np.cumsum(lens)])
-        flat = np.array([e for c in self.class_chain for e in c], np.int64).reshape(-1, 3)
-        return offsets, lens, flat[:, 0], flat[:, 1], flat[:, 2]
+        lens, flat = self._class_edges
+        return (np.concatenate([[0], np.cumsum(lens)]), lens, *flat.T)
 
     @functools.cached_property
     def _flat(self):
@@ -246,10 +278,7 @@ class PairTable:
         n = len(self.self_canonical)
         pairs = np.array([(a * n + b, rank) for (a, b), (rank, _) in self.merges.items()], np.int64).reshape(-1, 2)
         order = np.argsort(pairs[:, 0], kind="stable")
-        lens = np.array([len(c) if c else 0 for c in self.left], np.int64)
-        offsets = np.concatenate([[0], np.cumsum(lens)])
-        flat = np.array([e for c in self.left if c for e in c], np.int64).reshape(-1, 3)
-        return pairs[order, 0], pairs[order, 1], offsets, lens, flat[:, 0], flat[:, 1], flat[:, 2]
+        return (pairs[order, 0], pairs[order, 1], *self._left)
 
 
 def _chain(chain: Sequence[Tuple[int, int]]) -> Chain:

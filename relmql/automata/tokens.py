@@ -118,7 +118,7 @@ class TokenAutomaton:
                 raise CompileError(e.message, hint="use tokenization all (every tokenization of each string)") from None
             self.bt = Tracker.MAX_STATES.bit_length()
             # lam past the pair classes: inside a character spelt with byte-fallback tokens
-            self.fb_base = len(self.pairs.class_chain)
+            self.fb_base = self.pairs.classes
             self.fb = _fallback_chars(vocabulary) if getattr(self.pairs, "fallback_splits", False) else None
             lams = self.fb_base + (len(self.fb[1]) if self.fb is not None else 0)
             if self.bq + self.bt + lams.bit_length() > 63:
