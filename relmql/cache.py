@@ -22,36 +22,39 @@ def cache_dir() -> Path:
     return path
 
 
-def cached_json(name: str, build: Callable[[], Any]) -> Any:
-    """``build()``'s result, kept in ``<cache>/<name>.json`` across runs."""
-    path = cache_dir() / f"{name}.json"
+def _cached(file: str, read: Callable[[Path], Any], write: Callable[[Path, Any], None],
+            build: Callable[[], Any]) -> Any:
+    """``build()``'s result, kept in ``<cache>/<file>`` across runs: read back where it can be,
+    else built (again, where the file is damaged) and written where the cache can be written."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        path = cache_dir() / file
+    except OSError:  # no cache directory to be had (a read-only home): built each time
+        return build()
+    try:
+        return read(path)
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile):
         pass
     value = build()
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp{path.suffix}")
     try:
-        tmp.write_text(json.dumps(value))
+        write(tmp, value)
         os.replace(tmp, path)
     except OSError:
         pass
     return value
+
+
+def cached_json(name: str, build: Callable[[], Any]) -> Any:
+    """``build()``'s result, kept in ``<cache>/<name>.json`` across runs."""
+    return _cached(f"{name}.json", lambda p: json.loads(p.read_text()),
+                   lambda p, v: p.write_text(json.dumps(v)), build)
+
+
+def _read_arrays(path: Path) -> Dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
 
 
 def cached_arrays(name: str, build: Callable[[], Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
-    """``build()``'s named numpy arrays, kept in ``<cache>/<name>.npz`` across runs."""
-    path = cache_dir() / f"{name}.npz"
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile):  # damaged: built again
-        pass
-    value = build()
-    tmp = path.with_name(f"{name}.{os.getpid()}.tmp.npz")
-    try:
-        np.savez_compressed(tmp, **value)
-        os.replace(tmp, path)
-    except OSError:
-        pass
-    return value
+    """``build()``'s named numpy arrays, kept (compressed) in ``<cache>/<name>.npz`` across runs."""
+    return _cached(f"{name}.npz", _read_arrays, lambda p, v: np.savez_compressed(p, **v), build)

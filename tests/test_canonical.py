@@ -214,6 +214,10 @@ def test_pair_table_read_back_from_the_cache_answers_as_built(request, vocab_nam
     again = PairTable(vocab)
     assert np.array_equal(again.right_class, built.right_class)
     assert np.load(files[0])["own"].sum() == built.self_canonical.sum()
+    blocked = tmp_path / "a file, not a directory"
+    blocked.write_text("")
+    monkeypatch.setenv("RELMQL_CACHE", str(blocked))  # no cache to be had: built, as before
+    assert np.array_equal(PairTable(vocab).right_class, built.right_class)
 
 
 @pytest.mark.parametrize("vocab_name", VOCABS)
