@@ -49,12 +49,7 @@ class PairTable:
             raise ModelError("canonical tokenization does not support BPE with ignore_merges")
         piece_id: Dict[str, int] = dict(model["vocab"])
         n = len(vocab.tokens)
-        self.merges: Dict[Tuple[int, int], Tuple[int, int]] = {}
-        for rank, m in enumerate(model["merges"]):
-            a, b = m.split(" ", 1) if isinstance(m, str) else m
-            ia, ib, iab = piece_id.get(a), piece_id.get(b), piece_id.get(a + b)
-            if ia is not None and ib is not None and iab is not None:
-                self.merges[ia, ib] = (rank, iab)  # a repeated merge keeps its last rank, as tokenizers does
+        self._piece_id, self._merge_list = piece_id, model["merges"]
         self.kind = vocab.kind
         if vocab.kind == BYTE_LEVEL:
             b2u = bytes_to_unicode()
@@ -68,8 +63,13 @@ class PairTable:
             fallback = model.get("byte_fallback")
             self.fallback = np.array([piece_id.get(f"<0x{b:02X}>", -1) if fallback else -1 for b in range(256)],
                                      np.int64)
-            self.fallback_splits = self._fallback_splits(piece_id)
         edges = self._edges(vocab)
+        if vocab.kind == SENTENCEPIECE:
+            self.fallback_splits = bool(edges["fallback_splits"])
+        # the merges by left token, then rank (left, rank, right), for ``forbidden_after``; and as
+        # sorted keys ``left * vocab + right`` with their ranks, for ``forbidden_pairs``
+        self._by_left = (edges["merge_left"], edges["merge_rank"], edges["merge_right"])
+        self._pair_keys = (edges["pair_keys"], edges["pair_ranks"])
         self.self_canonical = edges["own"]
         # right-edge classes: tokens with the same right chain cannot be told apart by a pair test
         self.right_class = edges["right_class"]
@@ -84,17 +84,27 @@ class PairTable:
         owner = np.repeat(np.arange(n), lens)
         order = np.lexsort((-owner, -born, -absorbed, y))
         self._holding = (y[order], absorbed[order], born[order], owner[order])
-        by_left: Dict[int, List[Tuple[int, int]]] = {}
-        for (ia, ib), (rank, _) in self.merges.items():
-            by_left.setdefault(ia, []).append((rank, ib))
-        self.by_left = {k: sorted(v) for k, v in by_left.items()}
+
+    @functools.cached_property
+    def merges(self) -> Dict[Tuple[int, int], Tuple[int, int]]:
+        """``(left, right) -> (rank, merged token)`` from the tokenizer's merge list (read where the
+        cached tables are built)."""
+        piece_id, merges = self._piece_id, {}
+        for rank, m in enumerate(self._merge_list):
+            a, b = m.split(" ", 1) if isinstance(m, str) else m
+            ia, ib, iab = piece_id.get(a), piece_id.get(b), piece_id.get(a + b)
+            if ia is not None and ib is not None and iab is not None:
+                merges[ia, ib] = (rank, iab)  # a repeated merge keeps its last rank, as tokenizers does
+        return merges
 
     def _edges(self, vocab: Vocabulary) -> Dict[str, np.ndarray]:
         """BPE of every token, kept in the user's cache across runs (about a second in Python for
         a 50,000-token vocabulary): ``own``, whether BPE produces the token for its own bytes; for
         those, ``left_lens`` and ``left``, their left edge chains flattened (token, born,
         absorbed); ``right_class``, their right edge chain's class (from 1, in order of first
-        token), and each class's chain flattened (``class_lens``, ``classes``)."""
+        token), and each class's chain flattened (``class_lens``, ``classes``); the merges
+        as arrays (``merge_*`` by left token and rank, ``pair_*`` by key); for SentencePiece,
+        ``fallback_splits``."""
         n = len(vocab.tokens)
 
         def build() -> Dict[str, np.ndarray]:
@@ -111,9 +121,18 @@ class PairTable:
                     left_lens[t] = len(lchain)
                     left.extend(lchain)
                     right_class[t] = classes.setdefault(rchain, len(classes) + 1)
-            return {"own": own, "left_lens": left_lens, "left": np.array(left, np.int64).reshape(-1, 3),
-                    "right_class": right_class, "class_lens": np.array([len(c) for c in classes], np.int64),
-                    "classes": np.array([e for c in classes for e in c], np.int64).reshape(-1, 3)}
+            m = np.array([(a, b, rank) for (a, b), (rank, _) in self.merges.items()], np.int64).reshape(-1, 3)
+            by_left = np.lexsort((m[:, 1], m[:, 2], m[:, 0]))
+            keys = m[:, 0] * n + m[:, 1]
+            by_key = np.argsort(keys, kind="stable")
+            out = {"own": own, "left_lens": left_lens, "left": np.array(left, np.int64).reshape(-1, 3),
+                   "right_class": right_class, "class_lens": np.array([len(c) for c in classes], np.int64),
+                   "classes": np.array([e for c in classes for e in c], np.int64).reshape(-1, 3),
+                   "merge_left": m[by_left, 0], "merge_rank": m[by_left, 2], "merge_right": m[by_left, 1],
+                   "pair_keys": keys[by_key], "pair_ranks": m[by_key, 2]}
+            if self.kind == SENTENCEPIECE:
+                out["fallback_splits"] = np.array(self._fallback_splits(self._piece_id))
+            return out
 
         return cached_arrays(f"bpe-edges-{_SOURCE}-{vocab.fingerprint}", build)
 
@@ -224,8 +243,10 @@ class PairTable:
         """Boolean mask of the tokens that BPE never puts right after a token of this class
         (within one chunk). Tokens that are not BPE's own encoding of their bytes are included."""
         mask = ~self.self_canonical.copy()
+        lefts, ranks, rights = self._by_left
         for x, born_x, absorbed_x in self.class_chain[right_class]:
-            for rank, y in self.by_left.get(x, ()):
+            a, b = np.searchsorted(lefts, x), np.searchsorted(lefts, x, side="right")
+            for rank, y in zip(ranks[a:b].tolist(), rights[a:b].tolist()):
                 if rank <= born_x:
                     continue
                 if rank >= absorbed_x:
@@ -275,10 +296,7 @@ class PairTable:
     def _flat(self):
         """The merges as sorted keys ``left * vocab + right`` with their ranks, and every token's
         left chain flattened (offsets, lengths, token, born, absorbed), for ``forbidden_pairs``."""
-        n = len(self.self_canonical)
-        pairs = np.array([(a * n + b, rank) for (a, b), (rank, _) in self.merges.items()], np.int64).reshape(-1, 2)
-        order = np.argsort(pairs[:, 0], kind="stable")
-        return (pairs[order, 0], pairs[order, 1], *self._left)
+        return (*self._pair_keys, *self._left)
 
 
 def _chain(chain: Sequence[Tuple[int, int]]) -> Chain:
