@@ -66,10 +66,8 @@ class PairTable:
         edges = self._edges(vocab)
         if vocab.kind == SENTENCEPIECE:
             self.fallback_splits = bool(edges["fallback_splits"])
-        # the merges by left token, then rank (left, rank, right), for ``forbidden_after``; and as
-        # sorted keys ``left * vocab + right`` with their ranks, for ``forbidden_pairs``
+        # the merges by left token, then rank (left, rank, right), for ``forbidden_after``
         self._by_left = (edges["merge_left"], edges["merge_rank"], edges["merge_right"])
-        self._pair_keys = (edges["pair_keys"], edges["pair_ranks"])
         self.self_canonical = edges["own"]
         # right-edge classes: tokens with the same right chain cannot be told apart by a pair test
         self.right_class = edges["right_class"]
@@ -77,7 +75,12 @@ class PairTable:
         # every token's left chain, flattened (offsets, lengths, token, born, absorbed)
         lens = edges["left_lens"]
         self._left = (np.concatenate([[0], np.cumsum(lens)]), lens, *edges["left"].T)
-        self._class_edges = (np.concatenate([[0], edges["class_lens"]]), edges["classes"])
+        # for ``forbidden_pairs``: the merges as sorted keys ``left * vocab + right`` with their
+        # ranks, and the left chains; every right-edge class's chain flattened likewise (class 0
+        # has none)
+        self._flat = (edges["pair_keys"], edges["pair_ranks"], *self._left)
+        class_lens = np.concatenate([[0], edges["class_lens"]])
+        self._flat_classes = (np.concatenate([[0], np.cumsum(class_lens)]), class_lens, *edges["classes"].T)
         # for each token y: the tokens whose left chain holds y, with the rank absorbing y there,
         # by y, then by absorbing rank, descending (``_left_holding``)
         _, _, y, born, absorbed = self._left
@@ -139,10 +142,9 @@ class PairTable:
     @functools.cached_property
     def class_chain(self) -> List[Chain]:
         """Each right-edge class's chain ((token, born, absorbed), ...); class 0 has none."""
-        lens, flat = self._class_edges
-        entries = [tuple(e) for e in flat.tolist()]
-        ends = np.cumsum(lens).tolist()
-        return [tuple(entries[e - k:e]) for e, k in zip(ends, lens.tolist())]
+        offsets, lens, *columns = self._flat_classes
+        entries = list(zip(*(c.tolist() for c in columns)))
+        return [tuple(entries[o:o + k]) for o, k in zip(offsets.tolist(), lens.tolist())]
 
     def _left_holding(self, y: int) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """The tokens whose left chain holds ``y``: (absorbing rank, born, token), by absorbing
@@ -285,18 +287,6 @@ class PairTable:
         hit = (keys[pos] == key) & (cborn[x] < r) & (r < cabs[x]) & (lborn[y] < r) & (r <= labs[y])
         out[pair[hit]] = True
         return out
-
-    @functools.cached_property
-    def _flat_classes(self):
-        """Every right-edge class's chain flattened (offsets, lengths, token, born, absorbed)."""
-        lens, flat = self._class_edges
-        return (np.concatenate([[0], np.cumsum(lens)]), lens, *flat.T)
-
-    @functools.cached_property
-    def _flat(self):
-        """The merges as sorted keys ``left * vocab + right`` with their ranks, and every token's
-        left chain flattened (offsets, lengths, token, born, absorbed), for ``forbidden_pairs``."""
-        return (*self._pair_keys, *self._left)
 
 
 def _chain(chain: Sequence[Tuple[int, int]]) -> Chain:

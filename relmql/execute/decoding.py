@@ -56,7 +56,6 @@ class RuleScores:
 
     def __init__(self, logprobs: torch.Tensor, rules: Decoding):
         self.rules, self.logprobs = rules, logprobs
-        self._np = None  # (logprobs, lse, threshold) as numpy arrays, once pick() needs them
         x = logprobs if rules.temperature == 1 else logprobs / rules.temperature
         self.x = x
         rows, vocab = x.shape
@@ -119,10 +118,8 @@ class RuleScores:
             r, t = torch.from_numpy(rows).to(lp.device), torch.from_numpy(tokens.astype(np.int64)).to(lp.device)
             picked = lp[r, t]
             return picked.double().cpu().numpy(), self.of(r, picked).double().cpu().numpy()
-        if self._np is None:
-            self._np = (lp.numpy(), self.lse.numpy(), self.threshold.numpy())
-        table, lse, threshold = self._np
-        picked = table[rows, tokens]
+        lse, threshold = self.lse.numpy(), self.threshold.numpy()
+        picked = lp.numpy()[rows, tokens]
         rule = np.where(picked < threshold[rows], -np.inf, picked - lse[rows])
         return picked.astype(np.float64), rule.astype(np.float64)
 

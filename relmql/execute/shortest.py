@@ -340,31 +340,23 @@ class ShortestPathSearch:
         count = np.bincount(r, minlength=len(batch))
         first = np.cumsum(count) - count
         one_sort = len(kids) <= ONE_SORT
-        starts = np.array([chunk for _, chunk in batch]) + first
         if one_sort:  # one sort for the batch: by node, then key (stable: ties keep arc order)
             kids = kids[np.lexsort((kids["val"], kids["tier"], r))]
-        if one_sort and len(kids):  # each node's first stored child, read at once
-            at = np.minimum(starts, len(kids) - 1)
-            firsts = zip(kids["tier"][at].tolist(), kids["val"][at].tolist())
-        else:
-            firsts = itertools.repeat(None)
-        for b, (node, chunk), n, start, key in zip(itertools.count(), batch, count.tolist(), starts.tolist(),
-                                                   firsts):
+        for b, (node, chunk) in enumerate(batch):
             if chunk == 0 and rules.eos:
                 edits = automaton.final_edits(node.state)
                 if edits >= 0 and eos_rule[b] > -math.inf:
                     self.push(self.result_key(node.pre_raw, node.cond + eos_rule[b]), RESULT, node, edits)
-            if n <= chunk:
+            if count[b] <= chunk:
                 continue
+            mine = kids[first[b]:first[b] + count[b]]
             if one_sort:
-                mine = kids[start:start + min(n - chunk, CHUNK)].copy()
+                mine = mine[chunk:chunk + CHUNK].copy()
             else:
-                mine = kids[start - chunk:start - chunk + n]
                 mine = mine[np.lexsort((mine["val"], mine["tier"]))[chunk:chunk + CHUNK]]
-                key = (int(mine["tier"][0]), float(mine["val"][0]))
             self.store_kids(node, mine)
-            node.more = chunk + CHUNK if chunk + CHUNK < n else 0
-            self.push(key, CHILD, node, 0)
+            node.more = chunk + CHUNK if chunk + CHUNK < count[b] else 0
+            self.push(node.kid_key(0), CHILD, node, 0)
         stats.prefix = self.prefix_expanded
         if self.by_prob and self.prefix_expanded > opts.max_prefix_nodes:
             raise self.too_many_prefix_paths(f"more than {opts.max_prefix_nodes:,}")
