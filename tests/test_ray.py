@@ -126,11 +126,14 @@ def test_a_killed_worker_is_replaced_and_no_row_is_lost_or_repeated(local, remot
     while not killed:  # read until a worker is part-way through a data row, then kill it
         got.append(next(rows))
         for actor, unit in sorted(partial())[:1]:
-            # freeze it first and let the pieces already on their way land: the row may have
-            # ended meanwhile, and only a row still part-way through when it dies is resumed
+            # freeze it first and take in the pieces it sent before it stopped (the pool reads
+            # them only when pumped): the row may have ended meanwhile, and only a row still
+            # part-way through when it dies is resumed
             pid = pool.info()[actor]["pid"]
             os.kill(pid, signal.SIGSTOP)
-            time.sleep(0.5)
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                pool.pump(0.1)
             killed = (actor, unit) in partial()
             os.kill(pid, signal.SIGKILL if killed else signal.SIGCONT)
     got.extend(rows)
