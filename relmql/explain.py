@@ -81,8 +81,9 @@ def _lines(plan: QueryPlan, automaton: TokenAutomaton, model: LanguageModel, dat
         stop = f", stops after {t.limit:,} row{'s' if t.limit != 1 else ''}" if t.limit is not None else ", runs until the language is exhausted"
         why = (f" (the default when {t.order_default}: ORDER BY prob would read every variant of the prefix before "
                "its first row)" if t.order_default else "")
+        grow = f" (up to {t.max_batch_size} while rows are far apart)" if t.max_batch_size else ""
         add("traversal", f"shortest path: most probable first by {t.order}{why}{stop}; batches of {t.batch_size} "
-                         f"nodes, at most {t.max_tokens} completion tokens")
+                         f"nodes{grow}, at most {t.max_tokens} completion tokens")
         bounds = [f"max_nodes {t.max_nodes:,}"] if t.max_nodes is not None else []
         bounds += [f"{t.max_nodes_per_row:,} nodes without a row (max_nodes_per_row)"] if t.max_nodes_per_row else []
         bounds += [f"its share of max_memory ({format_size(shares(t.max_memory).traversal)} of "

@@ -82,6 +82,7 @@ MAX_TOKENS = 64  # the longest completion, in tokens
 MAX_PREFIX_TOKENS = 1024  # prefixes such as a whole passage of text run to hundreds of tokens
 MAX_NODES_PER_ROW = 10_000  # about a minute of SmolLM2-135M on two CPU cores
 SEARCH_BATCH_SIZE = 32  # search nodes expanded per model call
+SEARCH_MAX_BATCH_SIZE = 128  # ... growing to this many while rows are far apart (batch_size not given)
 SAMPLE_BATCH_SIZE = 64  # draws per model call
 EXACT_LIMIT = 10_000  # token sequences that probability() sums exactly; more are estimated
 ESTIMATE_SAMPLES = 1000  # the draws behind an estimate of probability()
@@ -174,7 +175,9 @@ class ShortestPath:
     ``max_tokens``: the longest completion, in tokens; ``max_prefix_tokens``: the longest
     prefix. ``max_nodes``: stop expanding after this many nodes (the rows released until then
     are still the most probable, in order; ``SearchStats.stopped`` tells). ``batch_size``: nodes
-    expanded per model call. ``max_prefix_nodes``: how many prefix nodes "prob" order may expand before its first
+    expanded per model call; ``max_batch_size``: while rows are far apart the batch grows to a
+    quarter of the nodes expanded since the last row, up to this many and to scores within a
+    quarter of the search's memory share (None: ``batch_size`` always). ``max_prefix_nodes``: how many prefix nodes "prob" order may expand before its first
     row (it needs every prefix's distribution to be sure of the order). ``max_nodes_per_row``: stop
     after expanding this many nodes without releasing a row. ``max_memory``: the query's memory
     budget (``relmql.memory``); the search stops when its own structures outgrow their share. ``first_match``: the
@@ -187,6 +190,7 @@ class ShortestPath:
     limit: Optional[int] = None
     max_tokens: int = MAX_TOKENS
     batch_size: int = SEARCH_BATCH_SIZE
+    max_batch_size: Optional[int] = None
     max_prefix_nodes: int = 100_000
     max_prefix_tokens: int = MAX_PREFIX_TOKENS
     max_nodes: Optional[int] = None
@@ -201,6 +205,10 @@ class ShortestPath:
             v = getattr(self, name)
             if not (isinstance(v, int) and v >= 1):
                 raise ExecutionError(f"{name} must be a whole number of at least 1, not {v!r}")
+        if self.max_batch_size is not None and not (isinstance(self.max_batch_size, int)
+                                                    and self.max_batch_size >= self.batch_size):
+            raise ExecutionError(f"max_batch_size must be a whole number of at least batch_size ({self.batch_size}), "
+                                 f"not {self.max_batch_size!r}")
         if self.limit is not None and not (isinstance(self.limit, int) and self.limit >= 0):
             raise ExecutionError(f"limit must be a whole number, not {self.limit!r}")
         for name in ("max_nodes", "max_nodes_per_row"):
@@ -279,7 +287,7 @@ class Measure:
     seed: int = 0
     mode: str = "local"
     max_tokens: int = MAX_TOKENS
-    batch_size: Optional[int] = None  # default: SEARCH_BATCH_SIZE (exact) or SAMPLE_BATCH_SIZE (estimate)
+    batch_size: Optional[int] = None  # default: SEARCH_BATCH_SIZE growing (exact) or SAMPLE_BATCH_SIZE (estimate)
     max_prefix_tokens: int = MAX_PREFIX_TOKENS
     confidence: float = DEFAULT_CONFIDENCE
     max_memory: int = DEFAULT_MAX_MEMORY
@@ -289,8 +297,9 @@ class Measure:
         matter for a sum, and this one needs no prefix's distribution before the first row). It
         visits at most ``exact_limit`` sequences, so no node bound applies."""
         return ShortestPath(order="total_prob", max_tokens=self.max_tokens,
-                            batch_size=self.batch_size or SEARCH_BATCH_SIZE, max_prefix_tokens=self.max_prefix_tokens,
-                            first_match=True, max_nodes_per_row=None, max_memory=self.max_memory)
+                            batch_size=self.batch_size or SEARCH_BATCH_SIZE,
+                            max_batch_size=None if self.batch_size else SEARCH_MAX_BATCH_SIZE,
+                            max_prefix_tokens=self.max_prefix_tokens, first_match=True, max_nodes_per_row=None, max_memory=self.max_memory)
 
     def estimate(self) -> Sample:
         """The traversal that estimates."""

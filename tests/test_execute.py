@@ -167,6 +167,52 @@ def test_eviction_and_recomputation_give_the_same_rows(tiny, monkeypatch):
     assert np.allclose([lp for _, lp in got], [lp for _, lp in ref], atol=1e-5)
 
 
+def call_sizes(model, monkeypatch) -> list:
+    """The number of sequences in each of the model's calls from now on."""
+    sizes, extend = [], model.extend
+    monkeypatch.setattr(model, "extend", lambda parents, tokens: sizes.append(len(parents)) or extend(parents, tokens))
+    return sizes
+
+
+def test_the_batch_grows_while_rows_are_far_apart_and_the_rows_stay(tiny, monkeypatch):
+    """Every edit of a prefix: hundreds of nodes between rows. With max_batch_size the calls grow
+    past batch_size (up to max_batch_size, never past max_nodes nor a share of max_memory) and
+    there are far fewer of them; the rows are those of fixed batches (probabilities within
+    float32 rounding, as between any two batch sizes)."""
+    ta = compile("The (cat|dog) sat", tiny.vocabulary, "The (cat|dog)", CompileOptions(edits=1))
+    sizes = call_sizes(tiny, monkeypatch)
+    runs = {}
+    for grow in (None, 64):
+        sizes.clear()
+        opts = ShortestPath(order="total_prob", limit=3, batch_size=4, max_batch_size=grow)
+        runs[grow] = ([(r.tokens, r.logprob) for r in execute(ta, tiny, opts)], list(sizes))
+    (fixed, fixed_calls), (grown, grown_calls) = runs[None], runs[64]
+    assert len(fixed) == 3 and [t for t, _ in grown] == [t for t, _ in fixed]
+    assert np.allclose([lp for _, lp in grown], [lp for _, lp in fixed], rtol=0, atol=1e-5)  # float32 rounding
+    assert max(fixed_calls) == 4 and max(grown_calls) == 64 and len(grown_calls) < len(fixed_calls) / 4
+    stats = SearchStats()
+    opts = ShortestPath(order="total_prob", limit=3, batch_size=4, max_batch_size=64, max_nodes=300)
+    list(shortest_path(ta, tiny, Decoding(), opts, stats=stats))
+    assert stats.stop is not None and stats.stop.bound == "max_nodes" and 300 <= stats.expanded < 300 + 4
+    # with 64 MiB in all, a call's scores (8 bytes per token per node) keep within 4 MiB
+    sizes.clear()
+    list(execute(ta, tiny, ShortestPath(order="total_prob", limit=3, batch_size=4, max_batch_size=64,
+                                        max_memory=64 * 2 ** 20)))
+    assert 4 < max(sizes) and max(sizes) * 8 * len(tiny.vocabulary) <= 4 * 2 ** 20
+
+
+def test_the_batch_stays_small_while_rows_come_often(tiny, monkeypatch):
+    ta = compile("[a-h]+", tiny.vocabulary)
+    sizes = call_sizes(tiny, monkeypatch)
+    rows = list(execute(ta, tiny, ShortestPath(limit=200, batch_size=4, max_batch_size=64)))
+    assert len(rows) == 200 and max(sizes) == 4
+
+
+def test_max_batch_size_below_batch_size_is_refused():
+    with pytest.raises(ExecutionError, match="max_batch_size must be a whole number of at least batch_size"):
+        ShortestPath(batch_size=8, max_batch_size=4).check()
+
+
 @pytest.mark.parametrize("batch_size", [1, 8])
 def test_one_token_per_expanded_node(tiny, batch_size):
     ta = compile("The (man|woman) was (here|there|gone)", tiny.vocabulary, "The (man|woman)")

@@ -626,3 +626,14 @@ def test_golden_error(con, path, update_golden, at_repo):
     rendered = info.value.render().replace(str(REPO), "<repo>") + "\n"
     assert "Traceback" not in rendered
     check_golden(path.with_suffix(".err"), rendered, update_golden)
+
+
+def test_a_batch_size_given_is_kept(con):
+    """Without batch_size the search's batches grow while rows are far apart; a number given is
+    the size of every batch."""
+    def traversal(sql):
+        return next(line for (line,) in fresh(con).sql("EXPLAIN " + sql) if line.startswith("traversal"))
+    query = "SELECT text MATCHING 'The (cat|dog)' LIMIT 1"
+    assert "batches of 32 nodes (up to 128 while rows are far apart)," in traversal(query)
+    assert "batches of 8 nodes," in traversal(query.replace(" LIMIT", " USING batch_size 8 LIMIT"))
+    assert "batches of 128 nodes," in traversal(query.replace(" LIMIT", " USING batch_size 128 LIMIT"))

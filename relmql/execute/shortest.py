@@ -7,7 +7,8 @@ Costs never decrease along a path, so a result is certain once nothing cheaper i
 - Children are enumerated lazily: an expanded node keeps its children sorted by cost and only
   its next-best child sits in the priority queue, so a node with 50,000 children costs one
   queue entry, not 50,000 (children beyond a chunk are recomputed only if ever needed).
-- Up to ``batch_size`` nodes are expanded per model call; a result is released only when
+- Up to ``batch_size`` nodes are expanded per model call (more, up to ``max_batch_size``, while
+  rows are far apart); a result is released only when
   every node cheaper than it has been expanded, so batching never changes the order.
 - A node's distribution costs one token through the model: its parent's keys and values are
   reused (``LanguageModel.extend``), so the prefix is read once.
@@ -122,6 +123,10 @@ class ShortestPathSearch:
         model.set_cache_budget(self.budget.kv)
         automaton.set_cache_budget(self.budget.automaton)
         self.by_prob = self.opts.order == "prob"
+        # a grown call's next-token scores (float32 logits and log-probabilities) stay within a
+        # quarter of the search's share of max_memory
+        grow = self.opts.max_batch_size or self.opts.batch_size
+        self.max_batch = max(self.opts.batch_size, min(grow, self.budget.traversal // 4 // (8 * len(model.vocabulary))))
         self.queue: list = []
         self.batch: list = []
         self.found = 0            # rows released
@@ -155,7 +160,8 @@ class ShortestPathSearch:
         batch is cheaper than, as rows, and put nodes in the batch. True once the limit is reached."""
         opts, queue = self.opts, self.queue
         held = []
-        while queue and len(self.batch) < opts.batch_size:
+        size = self.batch_target()
+        while queue and len(self.batch) < size:
             tier, val, _, kind, node, arg = queue[0]
             if kind == RESULT:
                 if self.batch or held:
@@ -185,6 +191,24 @@ class ShortestPathSearch:
         for entry in held:
             heapq.heappush(queue, entry)
         return False
+
+    def batch_target(self) -> int:
+        """Nodes for the next model call: ``batch_size``, or with ``max_batch_size`` a quarter of
+        the nodes expanded since the last row when that is more (a wide search, such as every
+        edit of a prefix, needs thousands of nodes per row, and a model call costs less per node
+        with more of them; a narrow one keeps small calls, which read few nodes past its next
+        row), never past a node bound that a ``batch_size`` call would not pass nor with scores
+        larger than a quarter of the search's memory share."""
+        opts = self.opts
+        if self.max_batch == opts.batch_size:
+            return opts.batch_size
+        since = self.stats.expanded - self.row_at
+        size = min(self.max_batch, since // 4)
+        if opts.max_nodes is not None:
+            size = min(size, opts.max_nodes - self.stats.expanded)
+        if opts.max_nodes_per_row is not None:
+            size = min(size, opts.max_nodes_per_row - since)
+        return max(opts.batch_size, size)
 
     def node_key(self, pre_raw: float, cond: float, prefix_phase: bool) -> tuple:
         """The queue key of a node: prefix nodes first under ``prob``."""

@@ -11,7 +11,8 @@ from ..memory import DEFAULT_MAX_MEMORY, format_size, parse_size
 from ..models import DEFAULT_MODEL
 from ..records import (DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_MAX_STATES, DTYPES, EDIT_SCOPES, ESTIMATE_SAMPLES,
                        EXACT_LIMIT, MAX_EDITS, MAX_NODES_PER_ROW, MAX_PREFIX_TOKENS, MAX_TOKENS, SAMPLE_BATCH_SIZE,
-                       SAMPLING_MODES, SEARCH_BATCH_SIZE, TOKENIZATIONS, CompileOptions, Decoding, Sample)
+                       SAMPLING_MODES, SEARCH_BATCH_SIZE, SEARCH_MAX_BATCH_SIZE, TOKENIZATIONS, CompileOptions, Decoding,
+                       Sample)
 from ..stats import DEFAULT_CONFIDENCE
 
 
@@ -128,8 +129,9 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
                "more stops, keeping the rows it found", low=64 * 2 ** 20),
     OptionSpec("max_prefix_tokens", "int", MAX_PREFIX_TOKENS, "traversal", "the longest prefix, in tokens", low=1),
     OptionSpec("batch_size", "int", None, "traversal",
-               f"nodes (shortest path) or samples (SAMPLE) per model call; default {SEARCH_BATCH_SIZE} and "
-               f"{SAMPLE_BATCH_SIZE}", low=1),
+               f"nodes (shortest path) or samples (SAMPLE) per model call; default {SEARCH_BATCH_SIZE} (growing "
+               f"to {SEARCH_MAX_BATCH_SIZE} while rows are far apart) and {SAMPLE_BATCH_SIZE}; a number given "
+               f"is kept", low=1),
     OptionSpec("sampling", "choice", Sample.mode, "traversal",
                "SAMPLE draws: local (renormalized over the language, with importance weights) or exact "
                "(rejection: the model's distribution conditioned on the language)", SAMPLING_MODES),
