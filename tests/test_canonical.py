@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import re
+import time
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from relmql.automata import CompileOptions, TokenAutomaton, compile
 from relmql.automata.bpe import PairTable
 from relmql.automata.tokens import Arcs
+from relmql.cache import STALE_DAYS, cached_json
 from relmql.errors import CompileError
 from relmql.models.vocab import SENTENCEPIECE, bytes_to_unicode
 
@@ -193,9 +196,15 @@ def test_pair_table_matches_bpe_on_random_pairs(request, vocab_name):
 def test_pair_table_read_back_from_the_cache_answers_as_built(request, vocab_name, tmp_path, monkeypatch):
     vocab = request.getfixturevalue(vocab_name)
     monkeypatch.setenv("RELMQL_CACHE", str(tmp_path))
+    long_ago = time.time() - 40 * 86_400
+    earlier = tmp_path / f"bpe-edges-0123456789ab-{vocab.fingerprint}.npz"  # an earlier relmql's, unused
+    another = tmp_path / "bpe-edges-0123456789ab-0000000000000000.npz"  # another vocabulary's
+    for f in (earlier, another):
+        f.write_bytes(b"")
+        os.utime(f, (long_ago, long_ago))
     built = PairTable(vocab)  # BPE of every token, written to the cache
-    files = list(tmp_path.glob("bpe-edges-*.npz"))
-    assert len(files) == 1
+    files = list(tmp_path.glob(f"bpe-edges-*-{vocab.fingerprint}.npz"))
+    assert len(files) == 1 and not earlier.exists() and another.exists()
 
     def no_bpe(self, data):
         raise AssertionError("the cached table ran BPE again")
@@ -218,6 +227,26 @@ def test_pair_table_read_back_from_the_cache_answers_as_built(request, vocab_nam
     blocked.write_text("")
     monkeypatch.setenv("RELMQL_CACHE", str(blocked))  # no cache to be had: built, as before
     assert np.array_equal(PairTable(vocab).right_class, built.right_class)
+
+
+def test_a_cached_table_removes_its_earlier_versions_once_unused(tmp_path, monkeypatch):
+    """Each relmql version keeps its own file of a table; writing one removes the other versions'
+    files that nothing has read for STALE_DAYS, and reading a file keeps it."""
+    monkeypatch.setenv("RELMQL_CACHE", str(tmp_path))
+    long_ago = time.time() - (STALE_DAYS + 1) * 86_400
+    files = {name: tmp_path / f"{name}.json" for name in ("t-v1-abc", "t-v2-abc", "t-v1-xyz")}
+    for name, f in files.items():
+        f.write_text("0")
+        if name != "t-v2-abc":  # v2: another relmql, still in use
+            os.utime(f, (long_ago, long_ago))
+    assert cached_json("t-v3-abc", lambda: 3, versions="t-*-abc.json") == 3
+    assert [f.exists() for f in files.values()] == [False, True, True]
+    mine = tmp_path / "t-v3-abc.json"
+    os.utime(mine, (long_ago, long_ago))
+    assert cached_json("t-v3-abc", lambda: 4, versions="t-*-abc.json") == 3  # read back, and marked as read
+    assert mine.stat().st_mtime > time.time() - 60
+    assert cached_json("t-v4-abc", lambda: 4, versions="t-*-abc.json") == 4
+    assert mine.exists() and files["t-v2-abc"].exists()
 
 
 @pytest.mark.parametrize("vocab_name", VOCABS)

@@ -137,7 +137,8 @@ class PairTable:
                 out["fallback_splits"] = np.array(self._fallback_splits(self._piece_id))
             return out
 
-        return cached_arrays(f"bpe-edges-{_SOURCE}-{vocab.fingerprint}", build)
+        return cached_arrays(f"bpe-edges-{_SOURCE}-{vocab.fingerprint}", build,
+                             versions=f"bpe-edges-*-{vocab.fingerprint}.npz")
 
     @functools.cached_property
     def class_chain(self) -> List[Chain]:
