@@ -8,8 +8,8 @@ Costs never decrease along a path, so a result is certain once nothing cheaper i
   its next-best child sits in the priority queue, so a node with 50,000 children costs one
   queue entry, not 50,000 (children beyond a chunk are recomputed only if ever needed).
 - Up to ``batch_size`` nodes are expanded per model call (more, up to ``max_batch_size``, while
-  rows are far apart); a result is released only when
-  every node cheaper than it has been expanded, so batching never changes the order.
+  rows are far apart); a result is released only when every node cheaper than it has been
+  expanded, so batching never changes the order.
 - A node's distribution costs one token through the model: its parent's keys and values are
   reused (``LanguageModel.extend``), so the prefix is read once.
 - Order "prob": prefix tokens are given, so every prefix's distribution is needed before the
@@ -125,8 +125,9 @@ class ShortestPathSearch:
         self.by_prob = self.opts.order == "prob"
         # a grown call's next-token scores (float32 logits and log-probabilities) stay within a
         # quarter of the search's share of max_memory
-        grow = self.opts.max_batch_size or self.opts.batch_size
-        self.max_batch = max(self.opts.batch_size, min(grow, self.budget.traversal // 4 // (8 * len(model.vocabulary))))
+        grow = min(self.opts.max_batch_size or self.opts.batch_size,
+                   self.budget.traversal // 4 // (8 * len(model.vocabulary)))
+        self.max_batch = max(self.opts.batch_size, grow)
         self.queue: list = []
         self.batch: list = []
         self.found = 0            # rows released
