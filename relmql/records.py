@@ -177,8 +177,10 @@ class ShortestPath:
     are still the most probable, in order; ``SearchStats.stopped`` tells). ``batch_size``: nodes
     expanded per model call; ``max_batch_size``: while rows are far apart the batch grows to a
     quarter of the nodes expanded since the last row, up to this many and to scores within a
-    quarter of the search's memory share (None: ``batch_size`` always). ``max_prefix_nodes``: how many prefix nodes "prob" order may expand before its first
-    row (it needs every prefix's distribution to be sure of the order). ``max_nodes_per_row``: stop
+    quarter of the search's memory share (None: ``batch_size`` always; ``batches`` gives both
+    for a batch size a query may or may not have set). ``max_prefix_nodes``: how many prefix
+    nodes "prob" order may expand before its first row (it needs every prefix's distribution to
+    be sure of the order). ``max_nodes_per_row``: stop
     after expanding this many nodes without releasing a row. ``max_memory``: the query's memory
     budget (``relmql.memory``); the search stops when its own structures outgrow their share. ``first_match``: the
     search does not go past a string of the language (without ``eos``): rows are then the
@@ -197,6 +199,14 @@ class ShortestPath:
     max_nodes_per_row: Optional[int] = MAX_NODES_PER_ROW
     max_memory: int = DEFAULT_MAX_MEMORY
     first_match: bool = False
+
+    @staticmethod
+    def batches(batch_size: Optional[int]) -> Dict[str, Optional[int]]:
+        """``batch_size`` and ``max_batch_size`` for a batch size a query set (kept for every
+        call) or did not (None: ``SEARCH_BATCH_SIZE``, growing to ``SEARCH_MAX_BATCH_SIZE``)."""
+        if batch_size:
+            return {"batch_size": batch_size, "max_batch_size": None}
+        return {"batch_size": SEARCH_BATCH_SIZE, "max_batch_size": SEARCH_MAX_BATCH_SIZE}
 
     def check(self) -> "ShortestPath":
         if self.order not in ORDERS:
@@ -296,10 +306,9 @@ class Measure:
         """The traversal that sums exactly (in order of total probability: the order does not
         matter for a sum, and this one needs no prefix's distribution before the first row). It
         visits at most ``exact_limit`` sequences, so no node bound applies."""
-        return ShortestPath(order="total_prob", max_tokens=self.max_tokens,
-                            batch_size=self.batch_size or SEARCH_BATCH_SIZE,
-                            max_batch_size=None if self.batch_size else SEARCH_MAX_BATCH_SIZE,
-                            max_prefix_tokens=self.max_prefix_tokens, first_match=True, max_nodes_per_row=None, max_memory=self.max_memory)
+        return ShortestPath(order="total_prob", max_tokens=self.max_tokens, **ShortestPath.batches(self.batch_size),
+                            max_prefix_tokens=self.max_prefix_tokens, first_match=True, max_nodes_per_row=None,
+                            max_memory=self.max_memory)
 
     def estimate(self) -> Sample:
         """The traversal that estimates."""

@@ -196,7 +196,7 @@ def test_pair_table_matches_bpe_on_random_pairs(request, vocab_name):
 def test_pair_table_read_back_from_the_cache_answers_as_built(request, vocab_name, tmp_path, monkeypatch):
     vocab = request.getfixturevalue(vocab_name)
     monkeypatch.setenv("RELMQL_CACHE", str(tmp_path))
-    long_ago = time.time() - 40 * 86_400
+    long_ago = time.time() - (STALE_DAYS + 1) * 86_400
     earlier = tmp_path / f"bpe-edges-0123456789ab-{vocab.fingerprint}.npz"  # an earlier relmql's, unused
     another = tmp_path / "bpe-edges-0123456789ab-0000000000000000.npz"  # another vocabulary's
     for f in (earlier, another):

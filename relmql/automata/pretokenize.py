@@ -609,7 +609,8 @@ def _atom_codepoints(atoms: Sequence[str], literal: Dict[int, str]) -> List[Code
             continue
         digest = hashlib.sha1(source.encode()).hexdigest()[:20]
         build = (lambda s=source: case_insensitive(s)) if k in literal else (lambda s=source: _regex_classes(s))
-        ranges = cached_json(f"pretok-class-{_engine_version()}-{digest}", build, versions=f"pretok-class-*-{digest}.json")
+        ranges = cached_json(f"pretok-class-{_engine_version()}-{digest}", build,
+                             versions=f"pretok-class-*-{digest}.json")
         out.append(CodepointSet(map(tuple, ranges)).intersection(_ENCODABLE))
     return out
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from ..errors import Error, closest
-from ..records import (COLUMNS, COMPUTED_COLUMNS, SAMPLE_BATCH_SIZE, SEARCH_BATCH_SIZE, SEARCH_MAX_BATCH_SIZE,
-                       CompileOptions, Decoding, Measure, ModelRef, Sample, ShortestPath, Traversal)
+from ..records import (COLUMNS, COMPUTED_COLUMNS, SAMPLE_BATCH_SIZE, CompileOptions, Decoding, Measure, ModelRef,
+                       Sample, ShortestPath, Traversal)
 from ..syntax import ast as A
 from ..syntax import string_literal_at, unparse
 from .expr import AGGREGATES, Env, check_calls, escape, evaluate, is_aggregate, kind
@@ -259,8 +259,7 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
                                 source)
             order, why = ORDER_COLUMNS[key.column], None
         traversal = ShortestPath(order=order, order_default=why, limit=push, max_tokens=opts["max_tokens"],
-                                 batch_size=opts["batch_size"] or SEARCH_BATCH_SIZE,
-                                 max_batch_size=None if opts["batch_size"] else SEARCH_MAX_BATCH_SIZE,
+                                 **ShortestPath.batches(opts["batch_size"]),
                                  max_prefix_tokens=opts["max_prefix_tokens"],
                                  max_nodes=opts["max_nodes"], max_nodes_per_row=opts["max_nodes_per_row"],
                                  max_memory=opts["max_memory"])
