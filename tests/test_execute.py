@@ -487,3 +487,25 @@ def test_blockwise_top_values_equal_torch_topk(vocab):
         assert torch.equal(vals, ref.values)
         assert torch.equal(torch.gather(x, 1, idx), vals)
         assert all(len(set(r)) == k for r in idx.tolist())
+
+
+@pytest.mark.parametrize("vocab", [49152, 50257, 262144])
+def test_blockwise_top_on_a_cpu_without_ties_between_blocks(vocab):
+    """decoding.top's CPU path (the k-th largest block maximum, then a sort of the values at or
+    above it), which rows with tied block maxima leave to torch.topk: against torch.topk on
+    random rows of float32 and float64, with equal values inside the chosen blocks, the best
+    values in the last partial block, and rows apart in memory."""
+    from relmql.execute.decoding import BLOCK, _top_cpu, top
+    gen = torch.Generator().manual_seed(1)
+    x = torch.log_softmax(torch.randn(48, vocab, generator=gen) * 3, -1)
+    best = x.argmax(1)
+    x[torch.arange(48), best ^ 1] = x[torch.arange(48), best]  # a tie inside a block, at the top
+    x[5, -3:] = 5.0  # in the columns past the last whole block (none where vocab is a multiple)
+    wide = torch.cat([x[:, :1], x], 1)[:, 1:]
+    for k in (1, 2, 41, 96):
+        for rows in (x, wide, x.double()):
+            assert _top_cpu(rows, k, BLOCK) is not None  # the path under test is taken
+            vals, idx = top(rows, k)
+            assert torch.equal(vals, torch.topk(rows, k, dim=-1).values)
+            assert torch.equal(torch.gather(rows, 1, idx), vals)
+            assert all(len(set(r)) == k for r in idx.tolist())
