@@ -38,6 +38,8 @@ from .rows import Row, make_row
 
 CHUNK = 256  # children kept per node; more are recomputed when needed
 NODE_BYTES = 400  # a search node and its queue entry, as Python objects (measured: about 330)
+SEQ_BYTES = 84, 8  # an expanded node's token tuple: a tuple and its token's int, and 8 bytes a token
+STATE_BYTES = 100  # what a search remembers of an automaton state it met (a dict entry)
 
 CHILD, RESULT, MORE = 0, 1, 2  # kinds of queue entries (see ShortestPathSearch)
 # a node's stored children, sorted by (tier, val): its queue key is (tier, val)
@@ -48,19 +50,17 @@ ONE_SORT = 1 << 16  # up to this many children in a batch are sorted at once, mo
 
 class _Node:
     __slots__ = ("parent", "token", "state", "prefix", "npre", "ncomp", "pre_raw", "cond", "key", "cache",
-                 "kids", "more")
+                 "seq", "kids", "more")
 
     def __init__(self, parent, token, state, prefix, npre, ncomp, pre_raw, cond, key):
         self.parent, self.token, self.state, self.prefix = parent, token, state, prefix
         self.npre, self.ncomp, self.pre_raw, self.cond, self.key = npre, ncomp, pre_raw, cond, key
         self.cache = None   # the model's KV block for this node's tokens
+        self.seq = None     # once expanded: every token read, the start-of-text token first (the
+        #                     model's own tuple, kept so that children need not walk the path)
         self.kids = None    # the stored children (a KID array, sorted by key); dropped once all are
         #                     in the queue
         self.more = 0       # where the next chunk of children starts, 0 when there is none
-
-    def kid_key(self, i: int) -> tuple:
-        kid = self.kids[i].tolist()
-        return kid[5], kid[6]  # (tier, val)
 
     def tokens(self) -> List[int]:
         out, n = [], self
@@ -109,7 +109,8 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
 class ShortestPathSearch:
     """One exact best-first search and its state: the priority ``queue`` of entries ``(tier, val,
     tie, kind, node, arg)``, the key ``(tier, val)`` spread out so that comparing entries compares
-    no inner tuple (kind CHILD: child ``arg`` of the stored children of ``node``; MORE: the
+    no inner tuple (kind CHILD: ``arg`` is ``(i, row)``, child ``i`` of the stored children of
+    ``node`` and its fields as a tuple, read once; MORE: the
     chunk of ``node``'s children from ``arg`` on, to be made again; RESULT: ``node``'s string,
     with ``arg`` edits), the ``batch`` of ``(chain, first child)`` that the next model call
     expands, and what the bounds read: nodes made, bytes of stored children, rows ``found``."""
@@ -133,9 +134,12 @@ class ShortestPathSearch:
         self.found = 0            # rows released
         self.prefix_expanded = 0  # prefix nodes (and the root) expanded
         self.kid_bytes = 0        # stored children
+        self.seq_bytes = 0        # expanded nodes' token tuples
         self.nodes = 0            # nodes made (an upper bound on those alive)
         self.row_at = 0           # nodes expanded when the last row was released
         self._tie = itertools.count()
+        self._finals: dict = {}     # state -> automaton.final_edits(state)
+        self._continues: dict = {}  # state -> whether a token can follow it
 
     def rows(self, cancel: Optional[threading.Event] = None) -> Iterator[Row]:
         """The rows in order, until the language is exhausted, the limit is reached or a bound
@@ -162,17 +166,25 @@ class ShortestPathSearch:
         opts, queue = self.opts, self.queue
         held = []
         size = self.batch_target()
-        while queue and len(self.batch) < size:
-            tier, val, _, kind, node, arg = queue[0]
+        pop, batch = heapq.heappop, self.batch
+        while queue and len(batch) < size:
+            entry = pop(queue)
+            kind = entry[3]
+            if kind == CHILD:
+                node, (i, row) = entry[4], entry[5]
+                child = self.materialize(node, row)
+                self.next_sibling(node, i)
+                self.consider(child)
+                continue
+            _, val, _, kind, node, arg = entry
             if kind == RESULT:
-                if self.batch or held:
+                if batch or held:
                     # cheaper nodes in the batch must be expanded first; meanwhile fill the batch
                     # with the next nodes (the model call costs about the same)
-                    held.append(heapq.heappop(queue))
+                    held.append(entry)
                     continue
                 if cancel is not None and cancel.is_set():
                     raise Cancelled("the query was cancelled")
-                heapq.heappop(queue)
                 cond = -val if self.by_prob else -val - node.pre_raw
                 yield make_row(self.model.vocabulary, node.tokens(), node.npre, cond, node.pre_raw + cond, arg,
                                self.found + 1)
@@ -182,13 +194,7 @@ class ShortestPathSearch:
                 if opts.limit is not None and self.found >= opts.limit:
                     return True
                 continue
-            heapq.heappop(queue)
-            if kind == MORE:
-                self.batch.append(([node], arg))
-                continue
-            child = self.materialize(node, arg)
-            self.next_sibling(node, arg)
-            self.consider(child)
+            batch.append(([node], arg))  # MORE
         for entry in held:
             heapq.heappush(queue, entry)
         return False
@@ -226,12 +232,20 @@ class ShortestPathSearch:
         heapq.heappush(self.queue, (key[0], key[1], next(self._tie), kind, node, arg))
 
     def held(self) -> int:
-        """Bytes held by the queue, the stored children and the nodes made (an estimate)."""
-        return self.kid_bytes + (self.nodes + len(self.queue)) * NODE_BYTES
+        """Bytes held by the queue, the stored children, the nodes made and the expanded ones' token
+        tuples and what it remembers of automaton states (an estimate)."""
+        return (self.kid_bytes + self.seq_bytes + (self.nodes + len(self.queue)) * NODE_BYTES
+                + (len(self._finals) + len(self._continues)) * STATE_BYTES)
 
-    def materialize(self, parent: _Node, i: int) -> _Node:
-        """Stored child ``i`` of ``parent`` as a node."""
-        tok, state, is_pre, raw, rule, tier, val = parent.kids[i].tolist()
+    def push_child(self, node: _Node, i: int, row: Optional[tuple] = None) -> None:
+        """Queue stored child ``i`` of ``node`` (``row``: that child as a tuple, if read already)."""
+        if row is None:
+            row = node.kids[i].tolist()
+        heapq.heappush(self.queue, (row[5], row[6], next(self._tie), CHILD, node, (i, row)))
+
+    def materialize(self, parent: _Node, row: tuple) -> _Node:
+        """A stored child of ``parent``, given as a tuple of its fields, as a node."""
+        tok, state, is_pre, raw, rule, tier, val = row
         self.nodes += 1
         return _Node(parent, tok, state, is_pre, parent.npre + is_pre, parent.ncomp + (not is_pre),
                      parent.pre_raw + (raw if is_pre else 0.0), parent.cond + (0.0 if is_pre else rule), (tier, val))
@@ -247,35 +261,46 @@ class ShortestPathSearch:
     def next_sibling(self, parent: _Node, i: int) -> None:
         """Child ``i`` of ``parent`` left the queue: queue the next one (or the next chunk)."""
         if i + 1 < len(parent.kids):
-            self.push(parent.kid_key(i + 1), CHILD, parent, i + 1)
+            self.push_child(parent, i + 1)
         elif parent.more:
-            self.push(parent.kid_key(i), MORE, parent, parent.more)
+            self.push(tuple(parent.kids[i].tolist()[5:7]), MORE, parent, parent.more)
             self.store_kids(parent, None)  # made again, from the next chunk on, if ever needed
         else:
             self.store_kids(parent, None)  # every child is in the queue or expanded
 
+    def final_edits(self, state: int) -> int:
+        """``automaton.final_edits(state)``, remembered (a search meets each state many times)."""
+        got = self._finals.get(state)
+        if got is None:
+            got = self._finals[state] = self.automaton.final_edits(state)
+        return got
+
     def stops(self, state: int) -> bool:
         """With ``first_match``: the generation begins with a string of the language here, so the
         search goes no further (only on to other prefixes)."""
-        return self.opts.first_match and not self.rules.eos and self.automaton.is_final(state)
+        return self.opts.first_match and not self.rules.eos and self.final_edits(state) >= 0
 
     def expandable(self, node: _Node) -> bool:
         """Whether a node can have a child or, with ``eos``, a result that needs its distribution."""
-        automaton, opts = self.automaton, self.opts
-        if self.rules.eos and automaton.is_final(node.state):
+        automaton, opts, state = self.automaton, self.opts, node.state
+        if self.rules.eos and self.final_edits(state) >= 0:
             return True
         if node.ncomp >= opts.max_tokens and node.npre >= opts.max_prefix_tokens:
             return False
-        if self.stops(node.state):
-            return automaton.arcs(node.state).n_prefix > 0 and node.npre < opts.max_prefix_tokens
-        # rules that keep a few tokens read a new state's arcs for those alone (arcs_among)
-        return automaton.may_continue(node.state) if self.rules.truncates else len(automaton.arcs(node.state)) > 0
+        if self.stops(state):
+            return automaton.arcs(state).n_prefix > 0 and node.npre < opts.max_prefix_tokens
+        got = self._continues.get(state)
+        if got is None:
+            # rules that keep a few tokens read a new state's arcs for those alone (arcs_of)
+            got = self._continues[state] = (automaton.may_continue(state) if self.rules.truncates
+                                            else len(automaton.arcs(state)) > 0)
+        return got
 
     def forced(self, node: _Node):
         """The token and state of a prefix node's only way on, if it has exactly one and the text
         cannot end at it."""
         automaton = self.automaton
-        if not node.prefix or node.npre >= self.opts.max_prefix_tokens or automaton.is_final(node.state):
+        if not node.prefix or node.npre >= self.opts.max_prefix_tokens or self.final_edits(node.state) >= 0:
             return None
         arcs = automaton.arcs(node.state)
         if len(arcs) != 1 or not arcs.prefix[0]:
@@ -286,15 +311,19 @@ class ShortestPathSearch:
         """A node just taken from the queue: queue its result (without eos) and put its expansion
         in the batch, through any chain of forced prefix tokens below it (one model call for all)."""
         if not self.rules.eos:
-            edits = self.automaton.final_edits(node.state)
+            edits = self.final_edits(node.state)
             if edits >= 0:
                 self.push(self.result_key(node.pre_raw, node.cond), RESULT, node, edits)
-        chain = [node]
         # Under prob every prefix node is read before the first row: a forced chain is read whole, in
         # one call. Under total_prob its later tokens may cost more than the rows found by then (an
         # edit that makes the rest of the prefix improbable): it is read whole only when nothing else
         # waits (a long prompt, read at once), else token by token, best first like the rest
-        step = self.forced(node) if self.by_prob or not (self.queue or self.batch) else None
+        step = self.forced(node) if node.prefix and (self.by_prob or not (self.queue or self.batch)) else None
+        if step is None:
+            if self.expandable(node):
+                self.batch.append(([node], 0))
+            return
+        chain = [node]
         while step is not None:
             nxt = _Node(chain[-1], step[0], step[1], True, chain[-1].npre + 1, 0, chain[-1].pre_raw, 0.0, None)
             chain.append(nxt)
@@ -310,12 +339,14 @@ class ShortestPathSearch:
         parents, toks_in = [], []
         for chain, _ in self.batch:
             head = chain[0]
-            fed = [n.token for n in chain if n.token is not None]
+            fed = [head.token] if len(chain) == 1 and head.token is not None else [
+                n.token for n in chain if n.token is not None]
             if head.parent is None:
                 parents.append(None)
             else:
                 p = head.parent
-                parents.append(ModelState((model.bos_id, *p.tokens()), None, None, p.cache))
+                parents.append(ModelState(p.seq if p.seq is not None else (model.bos_id, *p.tokens()), None, None,
+                                          p.cache))
             toks_in.append(fed)
         outs = model.extend(parents, toks_in)
         stats.expanded += sum(len(chain) for chain, chunk in self.batch if chunk == 0)
@@ -326,7 +357,7 @@ class ShortestPathSearch:
                     n.key = self.node_key(n.pre_raw, 0.0, True)
                 self.prefix_expanded += len(chain) - 1
                 if not rules.eos:
-                    edits = automaton.final_edits(chain[-1].state)
+                    edits = self.final_edits(chain[-1].state)
                     if edits >= 0:
                         self.push(self.result_key(chain[-1].pre_raw, 0.0), RESULT, chain[-1], edits)
         batch = [(chain[-1], chunk) for chain, chunk in self.batch]
@@ -337,9 +368,11 @@ class ShortestPathSearch:
         rows_idx, cols, targets, pre = automaton.arcs_of([node.state for node, _ in batch], scores.kept)
         raw_all, rule_all = scores.pick(rows_idx, cols)
         nodes = [node for node, _ in batch]
+        fixed, per_token = SEQ_BYTES
         for node, out in zip(nodes, outs):
             if node.cache is None:
-                node.cache = out.cache
+                node.cache, node.seq = out.cache, out.tokens
+                self.seq_bytes += fixed + per_token * len(out.tokens)
         self.prefix_expanded += sum(chunk == 0 for node, chunk in batch if node.prefix or node.parent is None)
         if rules.eos:
             every = torch.arange(len(batch), device=raw.device)
@@ -365,23 +398,28 @@ class ShortestPathSearch:
         count = np.bincount(r, minlength=len(batch))
         first = np.cumsum(count) - count
         one_sort = len(kids) <= ONE_SORT
+        chunks = np.array([chunk for _, chunk in batch])
+        starts = first + chunks  # where each node's stored children begin
         if one_sort:  # one sort for the batch: by node, then key (stable: ties keep arc order)
             kids = kids[np.lexsort((kids["val"], kids["tier"], r))]
+            heads = iter(kids[starts[count > chunks]].tolist())  # each node's first stored child
+        counts, starts, first = count.tolist(), starts.tolist(), first.tolist()
         for b, (node, chunk) in enumerate(batch):
             if chunk == 0 and rules.eos:
-                edits = automaton.final_edits(node.state)
+                edits = self.final_edits(node.state)
                 if edits >= 0 and eos_rule[b] > -math.inf:
                     self.push(self.result_key(node.pre_raw, node.cond + eos_rule[b]), RESULT, node, edits)
-            if count[b] <= chunk:
+            n = counts[b]
+            if n <= chunk:
                 continue
-            mine = kids[first[b]:first[b] + count[b]]
             if one_sort:
-                mine = mine[chunk:chunk + CHUNK].copy()
+                mine, head = kids[starts[b]:first[b] + min(n, chunk + CHUNK)].copy(), next(heads)
             else:
-                mine = mine[np.lexsort((mine["val"], mine["tier"]))[chunk:chunk + CHUNK]]
+                mine = kids[first[b]:first[b] + n]
+                mine, head = mine[np.lexsort((mine["val"], mine["tier"]))[chunk:chunk + CHUNK]], None
             self.store_kids(node, mine)
-            node.more = chunk + CHUNK if chunk + CHUNK < count[b] else 0
-            self.push(node.kid_key(0), CHILD, node, 0)
+            node.more = chunk + CHUNK if chunk + CHUNK < n else 0
+            self.push_child(node, 0, head)
         stats.prefix = self.prefix_expanded
         if self.by_prob and self.prefix_expanded > opts.max_prefix_nodes:
             raise self.too_many_prefix_paths(f"more than {opts.max_prefix_nodes:,}")
