@@ -134,6 +134,7 @@ class ShortestPathSearch:
         self.found = 0            # rows released
         self.prefix_expanded = 0  # prefix nodes (and the root) expanded
         self.kid_bytes = 0        # stored children
+        self._bases: dict = {}    # id of an array of stored children -> [nodes holding a view, the array]
         self.seq_bytes = 0        # expanded nodes' token tuples
         self.nodes = 0            # nodes made (an upper bound on those alive)
         self.row_at = 0           # nodes expanded when the last row was released
@@ -168,14 +169,13 @@ class ShortestPathSearch:
         size = self.batch_target()
         pop, batch = heapq.heappop, self.batch
         while queue and len(batch) < size:
-            entry = pop(queue)
-            kind = entry[3]
-            if kind == CHILD:
+            entry = queue[0]
+            if entry[3] == CHILD:
                 node, (i, row) = entry[4], entry[5]
-                child = self.materialize(node, row)
-                self.next_sibling(node, i)
-                self.consider(child)
+                self.next_sibling(node, i)  # takes the entry's place in the queue
+                self.consider(self.materialize(node, row))
                 continue
+            entry = pop(queue)
             _, val, _, kind, node, arg = entry
             if kind == RESULT:
                 if batch or held:
@@ -251,19 +251,38 @@ class ShortestPathSearch:
                      parent.pre_raw + (raw if is_pre else 0.0), parent.cond + (0.0 if is_pre else rule), (tier, val))
 
     def store_kids(self, node: _Node, kids) -> None:
-        """Replace a node's stored children (None: drop them), keeping ``kid_bytes``."""
-        if node.kids is not None:
-            self.kid_bytes -= node.kids.nbytes
+        """Replace a node's stored children (None: drop them), keeping ``kid_bytes``: the bytes of
+        the arrays they are views of (a batch's children are one array, each node's a slice of
+        it), counted while any node holds a view of one."""
+        old = node.kids
+        if old is not None:
+            base = old if old.base is None else old.base
+            held = self._bases[id(base)]
+            held[0] -= 1
+            if not held[0]:
+                del self._bases[id(base)]
+                self.kid_bytes -= base.nbytes
         node.kids = kids
         if kids is not None:
-            self.kid_bytes += kids.nbytes
+            base = kids if kids.base is None else kids.base
+            held = self._bases.get(id(base))
+            if held is None:
+                self._bases[id(base)] = [1, base]
+                self.kid_bytes += base.nbytes
+            else:
+                held[0] += 1
 
     def next_sibling(self, parent: _Node, i: int) -> None:
-        """Child ``i`` of ``parent`` left the queue: queue the next one (or the next chunk)."""
-        if i + 1 < len(parent.kids):
-            self.push_child(parent, i + 1)
-        elif parent.more:
-            self.push(tuple(parent.kids[i].tolist()[5:7]), MORE, parent, parent.more)
+        """Child ``i`` of ``parent``, first in the queue, leaves it: the next one takes its place
+        (one sift of the heap, not two), or the next chunk is queued."""
+        kids = parent.kids
+        if i + 1 < len(kids):
+            row = kids[i + 1].tolist()
+            heapq.heapreplace(self.queue, (row[5], row[6], next(self._tie), CHILD, parent, (i + 1, row)))
+            return
+        heapq.heappop(self.queue)
+        if parent.more:
+            self.push(tuple(kids[i].tolist()[5:7]), MORE, parent, parent.more)
             self.store_kids(parent, None)  # made again, from the next chunk on, if ever needed
         else:
             self.store_kids(parent, None)  # every child is in the queue or expanded
@@ -339,55 +358,58 @@ class ShortestPathSearch:
         parents, toks_in = [], []
         for chain, _ in self.batch:
             head = chain[0]
-            fed = [head.token] if len(chain) == 1 and head.token is not None else [
-                n.token for n in chain if n.token is not None]
-            if head.parent is None:
-                parents.append(None)
+            if len(chain) == 1:
+                toks_in.append([head.token] if head.token is not None else [])
             else:
-                p = head.parent
-                parents.append(ModelState(p.seq if p.seq is not None else (model.bos_id, *p.tokens()), None, None,
-                                          p.cache))
-            toks_in.append(fed)
+                toks_in.append([n.token for n in chain if n.token is not None])
+            p = head.parent
+            parents.append(None if p is None else ModelState(
+                p.seq if p.seq is not None else (model.bos_id, *p.tokens()), None, None, p.cache))
         outs = model.extend(parents, toks_in)
-        stats.expanded += sum(len(chain) for chain, chunk in self.batch if chunk == 0)
-        for (chain, _), out in zip(self.batch, outs):
+        # each node of the batch (the last of its chain) in one pass: what the arrays below read
+        nodes, chunks, states, fields = [], [], [], []
+        fixed, per_token = SEQ_BYTES
+        for (chain, chunk), out in zip(self.batch, outs):
+            node = chain[-1]
+            if chunk == 0:
+                stats.expanded += len(chain)
+                self.prefix_expanded += node.prefix or node.parent is None
             if len(chain) > 1:  # forced prefix tokens read in one go: their probabilities
                 for n, lp in zip(chain[1:], out.token_logprobs[-(len(chain) - 1):]):
                     n.pre_raw = n.parent.pre_raw + float(lp)
                     n.key = self.node_key(n.pre_raw, 0.0, True)
                 self.prefix_expanded += len(chain) - 1
                 if not rules.eos:
-                    edits = self.final_edits(chain[-1].state)
+                    edits = self.final_edits(node.state)
                     if edits >= 0:
-                        self.push(self.result_key(chain[-1].pre_raw, 0.0), RESULT, chain[-1], edits)
-        batch = [(chain[-1], chunk) for chain, chunk in self.batch]
+                        self.push(self.result_key(node.pre_raw, 0.0), RESULT, node, edits)
+            if node.cache is None:
+                node.cache, node.seq = out.cache, out.tokens
+                self.seq_bytes += fixed + per_token * len(out.tokens)
+            nodes.append(node)
+            chunks.append(chunk)
+            states.append(node.state)
+            fields.append((node.npre < opts.max_prefix_tokens,
+                           node.ncomp < opts.max_tokens and not self.stops(node.state), node.pre_raw, node.cond))
+        batch = list(zip(nodes, chunks))
         self.batch = []
         raw = stacked(outs)
         scores = RuleScores(raw, rules)
         # every node's candidate children at once: (node, token, target, is prefix), their scores
-        rows_idx, cols, targets, pre = automaton.arcs_of([node.state for node, _ in batch], scores.kept)
+        rows_idx, cols, targets, pre = automaton.arcs_of(states, scores.kept)
         raw_all, rule_all = scores.pick(rows_idx, cols)
-        nodes = [node for node, _ in batch]
-        fixed, per_token = SEQ_BYTES
-        for node, out in zip(nodes, outs):
-            if node.cache is None:
-                node.cache, node.seq = out.cache, out.tokens
-                self.seq_bytes += fixed + per_token * len(out.tokens)
-        self.prefix_expanded += sum(chunk == 0 for node, chunk in batch if node.prefix or node.parent is None)
         if rules.eos:
             every = torch.arange(len(batch), device=raw.device)
             eos_rule = scores.at(every, torch.full_like(every, eos)).double().cpu().numpy()
         # the children each node may have, keyed: prefix tokens by the prefix's probability (first,
         # under prob), completion tokens by the completion's (or the whole text's, under total_prob)
-        pre_ok = np.array([n.npre < opts.max_prefix_tokens for n in nodes], bool)
-        comp_ok = np.array([n.ncomp < opts.max_tokens and not self.stops(n.state) for n in nodes], bool)
+        pre_ok, comp_ok, base_pre, base_cond = (np.array(x) for x in zip(*fields))
         keep = np.where(pre, pre_ok[rows_idx], (rule_all > -math.inf) & comp_ok[rows_idx])
         kids = np.empty(int(keep.sum()), KID)
         r = rows_idx[keep]
         kids["token"], kids["state"], kids["prefix"] = cols[keep], targets[keep], pre[keep]
         kids["raw"], kids["rule"] = raw_all[keep], rule_all[keep]
-        base_pre = np.array([n.pre_raw for n in nodes])[r]
-        base_cond = np.array([n.cond for n in nodes])[r]
+        base_pre, base_cond = base_pre[r], base_cond[r]
         p = kids["prefix"]
         if self.by_prob:
             kids["tier"] = ~p
@@ -398,7 +420,7 @@ class ShortestPathSearch:
         count = np.bincount(r, minlength=len(batch))
         first = np.cumsum(count) - count
         one_sort = len(kids) <= ONE_SORT
-        chunks = np.array([chunk for _, chunk in batch])
+        chunks = np.array(chunks)
         starts = first + chunks  # where each node's stored children begin
         if one_sort:  # one sort for the batch: by node, then key (stable: ties keep arc order)
             kids = kids[np.lexsort((kids["val"], kids["tier"], r))]
@@ -413,7 +435,7 @@ class ShortestPathSearch:
             if n <= chunk:
                 continue
             if one_sort:
-                mine, head = kids[starts[b]:first[b] + min(n, chunk + CHUNK)].copy(), next(heads)
+                mine, head = kids[starts[b]:first[b] + min(n, chunk + CHUNK)], next(heads)
             else:
                 mine = kids[first[b]:first[b] + n]
                 mine, head = mine[np.lexsort((mine["val"], mine["tier"]))[chunk:chunk + CHUNK]], None
