@@ -4,9 +4,11 @@ Each query runs in its own process through the public API, once with this checko
 once with the relmql of ``--baseline`` (a git revision, extracted with ``git archive``): time to
 the first row, wall time, the time inside the model's forward passes and the rows themselves.
 Then the executor alone: expanded nodes per second of the URL search driving a model whose forward
-pass costs next to nothing (``StubModel``) at batch 32 and 256.
+pass costs next to nothing (``StubModel``) at batch 32 and 256, this checkout's executor and the
+baseline's alternately in one process.
 
     python -m benchmarks.executor_bench [--baseline 0cd00b1] [--json out.json]
+    python -m benchmarks.executor_bench --stub-only --baseline HEAD~3 --runs 9
 
 This file is also the worker: ``python benchmarks/executor_bench.py --worker NAME`` with the
 relmql to measure first on PYTHONPATH (it imports nothing else of this repository).
@@ -157,55 +159,77 @@ class StubModel:
         return out
 
 
-def stub(batches=(32, 256), nodes: int = 20_000, runs: int = 3) -> Dict:
+def _before_package(base: Path):
+    """The relmql extracted into ``base`` (``_extract``), imported as the package ``relmql_before``
+    beside this checkout's (its imports within the package are relative), from a copy in
+    ``base/side``."""
+    import importlib
+    import shutil
+    side = base / "side"
+    if not side.exists():
+        side.mkdir()
+        shutil.copytree(base / "relmql", side / "relmql_before")
+        shutil.copytree(base / "grammar", side / "grammar")
+    sys.path.insert(0, str(side))
+    return importlib.import_module("relmql_before")
+
+
+def stub(batches=(32, 256), nodes: int = 20_000, runs: int = 3, before: Path = None) -> Dict:
     """Expanded nodes per second of the URL search (top-k 40) on a nearly free model: the median
-    of ``runs`` searches (this machine's speed varies from one to the next), and their range."""
-    from relmql.automata import CompileOptions, compile
-    from relmql.execute import Decoding, SearchStats, ShortestPath, shortest_path
+    of ``runs`` searches (this machine's speed varies from one to the next), and their range.
+    With ``before`` (a folder ``_extract`` filled), that revision's executor runs the same
+    searches on the same model in this process, alternately with this checkout's, search by
+    search: the ratio of two runs side by side (this machine's speed drifts by a third within
+    the hour, so runs minutes apart are not comparable). Returns ``{"now": ..., "before": ...}``."""
+    import importlib
     from relmql.models import load_model
 
     from benchmarks.execute_bench import URL, URL_PREFIX
     model = StubModel(load_model("smollm2-135m").vocabulary)
+    packages = {"now": "relmql"}
+    if before is not None:
+        packages["before"] = _before_package(before).__name__
     gc.freeze()  # as the shell does once a model is loaded (cli._freeze_collector)
-    out = {}
+    out = {name: {} for name in packages}
     for tok in ("canonical", "all"):
-        ta = compile(URL, model.vocabulary, URL_PREFIX, CompileOptions(tokenization=tok))
+        setups = {}
+        for name, pkg in packages.items():
+            A, E = (importlib.import_module(f"{pkg}.{m}") for m in ("automata", "execute"))
+            setups[name] = (A.compile(URL, model.vocabulary, URL_PREFIX, A.CompileOptions(tokenization=tok)), E)
         for batch in batches:
-            list(shortest_path(ta, model, Decoding(topk=40), ShortestPath(batch_size=batch, max_nodes=2000)))
-            each = []
-            for _ in range(runs):
-                stats = SearchStats()
-                model.stats.seconds = 0.0
-                t0 = time.perf_counter()
-                for _ in shortest_path(ta, model, Decoding(topk=40),
-                                       ShortestPath(batch_size=batch, max_nodes=nodes), stats=stats):
-                    pass
-                wall = time.perf_counter() - t0
-                each.append({"nodes": stats.expanded, "seconds": wall, "nodes_per_s": stats.expanded / wall,
-                             "stub_seconds": model.stats.seconds})
-            mid = sorted(each, key=lambda r: r["nodes_per_s"])[len(each) // 2]
-            out[f"{tok}, batch {batch}"] = dict(mid, runs=[r["nodes_per_s"] for r in each])
-            print(f"stub {tok} batch {batch}: {out[f'{tok}, batch {batch}']}", file=sys.stderr, flush=True)
+            each = {name: [] for name in packages}
+            for name, (ta, E) in setups.items():  # warm: the automaton's first states, the pair table
+                list(E.shortest_path(ta, model, E.Decoding(topk=40), E.ShortestPath(batch_size=batch, max_nodes=2000)))
+            for r in range(runs):
+                for name in (list(packages) if r % 2 == 0 else list(packages)[::-1]):
+                    ta, E = setups[name]
+                    stats = E.SearchStats()
+                    model.stats.seconds = 0.0
+                    t0 = time.perf_counter()
+                    for _ in E.shortest_path(ta, model, E.Decoding(topk=40),
+                                             E.ShortestPath(batch_size=batch, max_nodes=nodes), stats=stats):
+                        pass
+                    wall = time.perf_counter() - t0
+                    each[name].append({"nodes": stats.expanded, "seconds": wall,
+                                       "nodes_per_s": stats.expanded / wall, "stub_seconds": model.stats.seconds})
+            for name, got in each.items():
+                mid = sorted(got, key=lambda r: r["nodes_per_s"])[len(got) // 2]
+                out[name][f"{tok}, batch {batch}"] = dict(mid, runs=[r["nodes_per_s"] for r in got])
+            if before is not None:
+                ratios = sorted(a["nodes_per_s"] / b["nodes_per_s"] for a, b in zip(each["now"], each["before"]))
+                out["now"][f"{tok}, batch {batch}"]["ratios"] = ratios
+            print(f"stub {tok} batch {batch}: " + "; ".join(f"{name} {out[name][f'{tok}, batch {batch}']}"
+                                                           for name in packages), file=sys.stderr, flush=True)
     return out
-
-
-def stub_versus(base: Path) -> Dict:
-    """``stub()`` with the relmql of ``base`` (in a process of its own: the same stub model and
-    search, that revision's executor), for the ratio in one run."""
-    env = dict(os.environ, PYTHONPATH=f"{base}{os.pathsep}{ROOT}")
-    p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--stub-worker"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=1800)
-    if p.returncode:
-        raise RuntimeError(f"the stub with {base} failed:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def run(baseline: str = BASELINE) -> Dict:
     from .setting import setting
-    out = {"machine": setting().machine, "versus": versus(baseline), "stub": stub()}
+    out = {"machine": setting().machine, "versus": versus(baseline)}
     with tempfile.TemporaryDirectory() as tmp:
         _extract(baseline, Path(tmp))
-        out["stub_before"] = stub_versus(Path(tmp))
+        both = stub(before=Path(tmp))
+    out["stub"], out["stub_before"] = both["now"], both["before"]
     return out
 
 
@@ -233,34 +257,51 @@ def tables(res: Dict) -> str:
         lines.append(f"| {name} | {len(now['rows'])} | {first_b} | {_secs(now['first'])} | "
                      f"{before['wall']:.1f} s{' (cut)' if before['cut'] else ''} | {now['wall']:.1f} s | {over} | "
                      f"{same} |")
-    lines += ["", "The executor alone (URL search, top-k 40, a model whose forward pass is a table lookup):", "",
-              f"| tokenization, batch | expanded nodes | nodes/s (median of "
-              f"{len(next(iter(res['stub'].values())).get('runs', [1]))}) | range | "
-              f"`{v['baseline']}`, same run (now / then) | of which in the stub |",
-              "|---|---:|---:|---:|---:|---:|"]
-    before = res.get("stub_before", {})
-    for name, r in res["stub"].items():
+    lines += stub_table(res["stub"], res.get("stub_before", {}), v["baseline"])
+    return "\n".join(lines)
+
+
+def stub_table(now: Dict, before: Dict, baseline: str) -> List[str]:
+    """The executor alone: this checkout's nodes/s and, searched alternately in the same process,
+    the baseline's."""
+    runs = len(next(iter(now.values())).get("runs", [1]))
+    lines = ["", "The executor alone (URL search, top-k 40, a model whose forward pass is a table lookup; "
+             f"this checkout's executor and `{baseline}`'s alternately in one process, {runs} searches each):", "",
+             f"| tokenization, batch | expanded nodes | nodes/s (median of {runs}) | range | "
+             f"`{baseline}` (median) | now / then, search by search (median, range) | of which in the stub |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, r in now.items():
         span = f"{min(r['runs']):,.0f}–{max(r['runs']):,.0f}" if r.get("runs") else "—"
         b = before.get(name)
-        was = f"{b['nodes_per_s']:,.0f} ({r['nodes_per_s'] / b['nodes_per_s']:.1f}×)" if b else "—"
-        lines.append(f"| {name} | {r['nodes']:,} | {r['nodes_per_s']:,.0f} | {span} | {was} | "
+        was = f"{b['nodes_per_s']:,.0f}" if b else "—"
+        ratios = r.get("ratios")
+        ratio = (f"{ratios[len(ratios) // 2]:.2f}× ({ratios[0]:.2f}–{ratios[-1]:.2f})" if ratios else
+                 f"{r['nodes_per_s'] / b['nodes_per_s']:.2f}×" if b else "—")
+        lines.append(f"| {name} | {r['nodes']:,} | {r['nodes_per_s']:,.0f} | {span} | {was} | {ratio} | "
                      f"{r['stub_seconds'] / r['seconds']:.0%} |")
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: List[str] = None) -> None:
     import argparse
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--stub-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--stub-only", action="store_true",
+                   help="only the executor alone (the stub model), against --baseline side by side")
+    p.add_argument("--runs", type=int, default=3, help="searches of each executor per configuration (--stub-only)")
     p.add_argument("--baseline", default=BASELINE, help="the git revision to compare with")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args.worker)))
         return
-    if args.stub_worker:
-        print(json.dumps(stub()))
+    if args.stub_only:  # the executor alone, against --baseline, side by side
+        with tempfile.TemporaryDirectory() as tmp:
+            _extract(args.baseline, Path(tmp))
+            both = stub(runs=args.runs, before=Path(tmp))
+        if args.json:
+            Path(args.json).write_text(json.dumps(both, indent=1))
+        print("\n".join(stub_table(both["now"], both["before"], args.baseline)))
         return
     res = run(args.baseline)
     if args.json:
