@@ -229,16 +229,16 @@ class TokenAutomaton:
         pieces = []  # (rows, tokens, targets, prefix), each row in exactly one piece or one group's two
         groups: Dict[int, List[int]] = {}
         new = []  # (row, q, tau, lam, kept): states whose arcs are found for their kept tokens
+        per_token = kept is not None and self.canonical[1]  # only a canonical completion's states can be
         for b, state in enumerate(states):
             state = int(state)
-            among = kept[b] if kept is not None else None
-            if among is not None:
+            if per_token and kept[b] is not None:
                 # found for the kept tokens even where the whole state's arcs are cached: the same
                 # (state, tokens) always gives the same list, which a chunk of children read again
                 # (CHUNK) counts on
                 q, tau, lam = self.unpack(state)
                 if self._per_token(q, lam):
-                    new.append((b, q, tau, lam, among))
+                    new.append((b, q, tau, lam, kept[b]))
                     continue
             groups.setdefault(state, []).append(b)
         if new:
