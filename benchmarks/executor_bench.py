@@ -5,7 +5,7 @@ once with the relmql of ``--baseline`` (a git revision, extracted with ``git arc
 the first row, wall time, the time inside the model's forward passes and the rows themselves.
 Then the executor alone: expanded nodes per second of the URL search driving a model whose forward
 pass costs next to nothing (``StubModel``) at batch 32 and 256, this checkout's executor and the
-baseline's alternately in one process.
+baseline's alternately, each search in a process of its own.
 
     python -m benchmarks.executor_bench [--baseline 0cd00b1] [--json out.json]
     python -m benchmarks.executor_bench --stub-only --baseline HEAD~3 --runs 9
@@ -159,67 +159,66 @@ class StubModel:
         return out
 
 
-def _before_package(base: Path):
-    """The relmql extracted into ``base`` (``_extract``), imported as the package ``relmql_before``
-    beside this checkout's (its imports within the package are relative), from a copy in
-    ``base/side``."""
-    import importlib
-    import shutil
-    side = base / "side"
-    if not side.exists():
-        side.mkdir()
-        shutil.copytree(base / "relmql", side / "relmql_before")
-        shutil.copytree(base / "grammar", side / "grammar")
-    sys.path.insert(0, str(side))
-    return importlib.import_module("relmql_before")
+STUB_CONFIGS = [(tok, batch) for tok in ("canonical", "all") for batch in (32, 256)]
 
 
-def stub(batches=(32, 256), nodes: int = 20_000, runs: int = 3, before: Path = None) -> Dict:
-    """Expanded nodes per second of the URL search (top-k 40) on a nearly free model: the median
-    of ``runs`` searches (this machine's speed varies from one to the next), and their range.
-    With ``before`` (a folder ``_extract`` filled), that revision's executor runs the same
-    searches on the same model in this process, alternately with this checkout's, search by
-    search: the ratio of two runs side by side (this machine's speed drifts by a third within
-    the hour, so runs minutes apart are not comparable). Returns ``{"now": ..., "before": ...}``."""
-    import importlib
+def stub(tok: str, batch: int, nodes: int = 20_000, runs: int = 1) -> Dict:
+    """Expanded nodes per second of the URL search (top-k 40) on a nearly free model, with the
+    relmql found first on the path: ``runs`` searches after one to warm the automaton."""
+    from relmql.automata import CompileOptions, compile
+    from relmql.execute import Decoding, SearchStats, ShortestPath, shortest_path
     from relmql.models import load_model
 
     from benchmarks.execute_bench import URL, URL_PREFIX
     model = StubModel(load_model("smollm2-135m").vocabulary)
-    packages = {"now": "relmql"}
-    if before is not None:
-        packages["before"] = _before_package(before).__name__
     gc.freeze()  # as the shell does once a model is loaded (cli._freeze_collector)
-    out = {name: {} for name in packages}
-    for tok in ("canonical", "all"):
-        setups = {}
-        for name, pkg in packages.items():
-            A, E = (importlib.import_module(f"{pkg}.{m}") for m in ("automata", "execute"))
-            setups[name] = (A.compile(URL, model.vocabulary, URL_PREFIX, A.CompileOptions(tokenization=tok)), E)
-        for batch in batches:
-            each = {name: [] for name in packages}
-            for name, (ta, E) in setups.items():  # warm: the automaton's first states, the pair table
-                list(E.shortest_path(ta, model, E.Decoding(topk=40), E.ShortestPath(batch_size=batch, max_nodes=2000)))
-            for r in range(runs):
-                for name in (list(packages) if r % 2 == 0 else list(packages)[::-1]):
-                    ta, E = setups[name]
-                    stats = E.SearchStats()
-                    model.stats.seconds = 0.0
-                    t0 = time.perf_counter()
-                    for _ in E.shortest_path(ta, model, E.Decoding(topk=40),
-                                             E.ShortestPath(batch_size=batch, max_nodes=nodes), stats=stats):
-                        pass
-                    wall = time.perf_counter() - t0
-                    each[name].append({"nodes": stats.expanded, "seconds": wall,
-                                       "nodes_per_s": stats.expanded / wall, "stub_seconds": model.stats.seconds})
-            for name, got in each.items():
-                mid = sorted(got, key=lambda r: r["nodes_per_s"])[len(got) // 2]
-                out[name][f"{tok}, batch {batch}"] = dict(mid, runs=[r["nodes_per_s"] for r in got])
-            if before is not None:
-                ratios = sorted(a["nodes_per_s"] / b["nodes_per_s"] for a, b in zip(each["now"], each["before"]))
-                out["now"][f"{tok}, batch {batch}"]["ratios"] = ratios
-            print(f"stub {tok} batch {batch}: " + "; ".join(f"{name} {out[name][f'{tok}, batch {batch}']}"
-                                                           for name in packages), file=sys.stderr, flush=True)
+    ta = compile(URL, model.vocabulary, URL_PREFIX, CompileOptions(tokenization=tok))
+    list(shortest_path(ta, model, Decoding(topk=40), ShortestPath(batch_size=batch, max_nodes=2000)))
+    each = []
+    for _ in range(runs):
+        stats = SearchStats()
+        model.stats.seconds = 0.0
+        t0 = time.perf_counter()
+        for _ in shortest_path(ta, model, Decoding(topk=40), ShortestPath(batch_size=batch, max_nodes=nodes),
+                               stats=stats):
+            pass
+        wall = time.perf_counter() - t0
+        each.append({"nodes": stats.expanded, "seconds": wall, "nodes_per_s": stats.expanded / wall,
+                     "stub_seconds": model.stats.seconds})
+    return {"runs": each}
+
+
+def _stub_process(code: Path, tok: str, batch: int) -> Dict:
+    """One ``stub`` search in a process of its own, with the relmql in ``code``."""
+    env = dict(os.environ, PYTHONPATH=f"{code}{os.pathsep}{ROOT}")
+    p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--stub-worker", f"{tok},{batch}"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    if p.returncode:
+        raise RuntimeError(f"the stub with {code} failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])["runs"][0]
+
+
+def stub_side_by_side(before: Path, runs: int = 3) -> Dict:
+    """``stub`` for each configuration, ``runs`` searches with this checkout's relmql and as many
+    with the one in ``before`` (a folder ``_extract`` filled), alternately, each search in a
+    process of its own: this machine's speed drifts by a third within the hour, so the ratio is
+    read off pairs of searches made one after the other (two executors in one process slow each
+    other: the canonical search ran at 3,800 nodes/s beside the earlier one, 6,200 alone).
+    Returns ``{"now": ..., "before": ...}``, each configuration's median search, its range and,
+    for now, the ratios of the pairs."""
+    out = {"now": {}, "before": {}}
+    for tok, batch in STUB_CONFIGS:
+        name = f"{tok}, batch {batch}"
+        each = {"now": [], "before": []}
+        for r in range(runs):
+            for who in (("now", "before") if r % 2 == 0 else ("before", "now")):
+                each[who].append(_stub_process(ROOT if who == "now" else before, tok, batch))
+        for who, got in each.items():
+            mid = sorted(got, key=lambda x: x["nodes_per_s"])[len(got) // 2]
+            out[who][name] = dict(mid, runs=[x["nodes_per_s"] for x in got])
+        out["now"][name]["ratios"] = sorted(a["nodes_per_s"] / b["nodes_per_s"]
+                                            for a, b in zip(each["now"], each["before"]))
+        print(f"stub {name}: now {out['now'][name]}; before {out['before'][name]}", file=sys.stderr, flush=True)
     return out
 
 
@@ -228,7 +227,7 @@ def run(baseline: str = BASELINE) -> Dict:
     out = {"machine": setting().machine, "versus": versus(baseline)}
     with tempfile.TemporaryDirectory() as tmp:
         _extract(baseline, Path(tmp))
-        both = stub(before=Path(tmp))
+        both = stub_side_by_side(Path(tmp))
     out["stub"], out["stub_before"] = both["now"], both["before"]
     return out
 
@@ -266,7 +265,8 @@ def stub_table(now: Dict, before: Dict, baseline: str) -> List[str]:
     the baseline's."""
     runs = len(next(iter(now.values())).get("runs", [1]))
     lines = ["", "The executor alone (URL search, top-k 40, a model whose forward pass is a table lookup; "
-             f"this checkout's executor and `{baseline}`'s alternately in one process, {runs} searches each):", "",
+             f"this checkout's executor and `{baseline}`'s alternately, {runs} searches each, each search in a "
+             "process of its own):", "",
              f"| tokenization, batch | expanded nodes | nodes/s (median of {runs}) | range | "
              f"`{baseline}` (median) | now / then, search by search (median, range) | of which in the stub |",
              "|---|---:|---:|---:|---:|---:|---:|"]
@@ -286,6 +286,7 @@ def main(argv: List[str] = None) -> None:
     import argparse
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--stub-worker", help=argparse.SUPPRESS)
     p.add_argument("--stub-only", action="store_true",
                    help="only the executor alone (the stub model), against --baseline side by side")
     p.add_argument("--runs", type=int, default=3, help="searches of each executor per configuration (--stub-only)")
@@ -295,10 +296,14 @@ def main(argv: List[str] = None) -> None:
     if args.worker:
         print(json.dumps(worker(args.worker)))
         return
+    if args.stub_worker:
+        tok, batch = args.stub_worker.split(",")
+        print(json.dumps(stub(tok, int(batch))))
+        return
     if args.stub_only:  # the executor alone, against --baseline, side by side
         with tempfile.TemporaryDirectory() as tmp:
             _extract(args.baseline, Path(tmp))
-            both = stub(runs=args.runs, before=Path(tmp))
+            both = stub_side_by_side(Path(tmp), args.runs)
         if args.json:
             Path(args.json).write_text(json.dumps(both, indent=1))
         print("\n".join(stub_table(both["now"], both["before"], args.baseline)))
