@@ -162,9 +162,9 @@ class StubModel:
 STUB_CONFIGS = [(tok, batch) for tok in ("canonical", "all") for batch in (32, 256)]
 
 
-def stub(tok: str, batch: int, nodes: int = 20_000, runs: int = 1) -> Dict:
+def stub(tok: str, batch: int, nodes: int = 20_000) -> Dict:
     """Expanded nodes per second of the URL search (top-k 40) on a nearly free model, with the
-    relmql found first on the path: ``runs`` searches after one to warm the automaton."""
+    relmql found first on the path: one search, after one to warm the automaton."""
     from relmql.automata import CompileOptions, compile
     from relmql.execute import Decoding, SearchStats, ShortestPath, shortest_path
     from relmql.models import load_model
@@ -174,18 +174,15 @@ def stub(tok: str, batch: int, nodes: int = 20_000, runs: int = 1) -> Dict:
     gc.freeze()  # as the shell does once a model is loaded (cli._freeze_collector)
     ta = compile(URL, model.vocabulary, URL_PREFIX, CompileOptions(tokenization=tok))
     list(shortest_path(ta, model, Decoding(topk=40), ShortestPath(batch_size=batch, max_nodes=2000)))
-    each = []
-    for _ in range(runs):
-        stats = SearchStats()
-        model.stats.seconds = 0.0
-        t0 = time.perf_counter()
-        for _ in shortest_path(ta, model, Decoding(topk=40), ShortestPath(batch_size=batch, max_nodes=nodes),
-                               stats=stats):
-            pass
-        wall = time.perf_counter() - t0
-        each.append({"nodes": stats.expanded, "seconds": wall, "nodes_per_s": stats.expanded / wall,
-                     "stub_seconds": model.stats.seconds})
-    return {"runs": each}
+    stats = SearchStats()
+    model.stats.seconds = 0.0
+    t0 = time.perf_counter()
+    for _ in shortest_path(ta, model, Decoding(topk=40), ShortestPath(batch_size=batch, max_nodes=nodes),
+                           stats=stats):
+        pass
+    wall = time.perf_counter() - t0
+    return {"nodes": stats.expanded, "seconds": wall, "nodes_per_s": stats.expanded / wall,
+            "stub_seconds": model.stats.seconds}
 
 
 def _stub_process(code: Path, tok: str, batch: int) -> Dict:
@@ -195,39 +192,40 @@ def _stub_process(code: Path, tok: str, batch: int) -> Dict:
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     if p.returncode:
         raise RuntimeError(f"the stub with {code} failed:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])["runs"][0]
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def stub_side_by_side(before: Path, runs: int = 3) -> Dict:
+def stub_side_by_side(baseline: str, runs: int = 3) -> Dict:
     """``stub`` for each configuration, ``runs`` searches with this checkout's relmql and as many
-    with the one in ``before`` (a folder ``_extract`` filled), alternately, each search in a
-    process of its own: this machine's speed drifts by a third within the hour, so the ratio is
+    with that of the git revision ``baseline``, alternately, each search in a process of its own: this machine's speed drifts by a third within the hour, so the ratio is
     read off pairs of searches made one after the other (two executors in one process slow each
     other: the canonical search ran at 3,800 nodes/s beside the earlier one, 6,200 alone).
     Returns ``{"now": ..., "before": ...}``, each configuration's median search, its range and,
     for now, the ratios of the pairs."""
     out = {"now": {}, "before": {}}
-    for tok, batch in STUB_CONFIGS:
-        name = f"{tok}, batch {batch}"
-        each = {"now": [], "before": []}
-        for r in range(runs):
-            for who in (("now", "before") if r % 2 == 0 else ("before", "now")):
-                each[who].append(_stub_process(ROOT if who == "now" else before, tok, batch))
-        for who, got in each.items():
-            mid = sorted(got, key=lambda x: x["nodes_per_s"])[len(got) // 2]
-            out[who][name] = dict(mid, runs=[x["nodes_per_s"] for x in got])
-        out["now"][name]["ratios"] = sorted(a["nodes_per_s"] / b["nodes_per_s"]
-                                            for a, b in zip(each["now"], each["before"]))
-        print(f"stub {name}: now {out['now'][name]}; before {out['before'][name]}", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        before = Path(tmp)
+        _extract(baseline, before)
+        for tok, batch in STUB_CONFIGS:
+            name = f"{tok}, batch {batch}"
+            each = {"now": [], "before": []}
+            for r in range(runs):
+                for who in (("now", "before") if r % 2 == 0 else ("before", "now")):
+                    each[who].append(_stub_process(ROOT if who == "now" else before, tok, batch))
+            for who, got in each.items():
+                mid = sorted(got, key=lambda x: x["nodes_per_s"])[len(got) // 2]
+                out[who][name] = dict(mid, runs=[x["nodes_per_s"] for x in got])
+            out["now"][name]["ratios"] = sorted(a["nodes_per_s"] / b["nodes_per_s"]
+                                                for a, b in zip(each["now"], each["before"]))
+            print(f"stub {name}: now {out['now'][name]}; before {out['before'][name]}", file=sys.stderr,
+                  flush=True)
     return out
 
 
 def run(baseline: str = BASELINE) -> Dict:
     from .setting import setting
     out = {"machine": setting().machine, "versus": versus(baseline)}
-    with tempfile.TemporaryDirectory() as tmp:
-        _extract(baseline, Path(tmp))
-        both = stub_side_by_side(Path(tmp))
+    both = stub_side_by_side(baseline)
     out["stub"], out["stub_before"] = both["now"], both["before"]
     return out
 
@@ -261,8 +259,8 @@ def tables(res: Dict) -> str:
 
 
 def stub_table(now: Dict, before: Dict, baseline: str) -> List[str]:
-    """The executor alone: this checkout's nodes/s and, searched alternately in the same process,
-    the baseline's."""
+    """The executor alone: this checkout's nodes/s and the baseline's, searched alternately, and
+    their ratio pair by pair."""
     runs = len(next(iter(now.values())).get("runs", [1]))
     lines = ["", "The executor alone (URL search, top-k 40, a model whose forward pass is a table lookup; "
              f"this checkout's executor and `{baseline}`'s alternately, {runs} searches each, each search in a "
@@ -301,9 +299,7 @@ def main(argv: List[str] = None) -> None:
         print(json.dumps(stub(tok, int(batch))))
         return
     if args.stub_only:  # the executor alone, against --baseline, side by side
-        with tempfile.TemporaryDirectory() as tmp:
-            _extract(args.baseline, Path(tmp))
-            both = stub_side_by_side(Path(tmp), args.runs)
+        both = stub_side_by_side(args.baseline, args.runs)
         if args.json:
             Path(args.json).write_text(json.dumps(both, indent=1))
         print("\n".join(stub_table(both["now"], both["before"], args.baseline)))

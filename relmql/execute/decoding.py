@@ -35,21 +35,32 @@ def top(x: torch.Tensor, k: int, block: int = BLOCK, spread: int = 8):
         got = _top_cpu(x, k, block)
         if got is not None:
             return got
-    full = nb * block
     blocked = x.as_strided((rows, nb, block), (x.stride(0), block, 1))
     blocks = torch.topk(blocked.amax(-1), k, dim=-1, sorted=False).indices
-    base = torch.arange(rows, device=x.device).unsqueeze(1)
-    if x.stride(0) == vocab == full:  # whole blocks copied as rows (faster than gathering columns)
-        vals = x.view(rows * nb, block).index_select(0, (blocks + base * nb).view(-1)).view(rows, k * block)
-    else:
-        vals = blocked[base, blocks].view(rows, k * block)
-    if full < vocab:
-        vals = torch.cat([vals, x[:, full:]], 1)
+    vals = _block_values(x, blocked, blocks)
     v, p = top(vals, k, SUB_BLOCK, 4) if block > SUB_BLOCK else torch.topk(vals, k, dim=-1)
+    return v, _block_columns(blocks, p, block, vocab)
+
+
+def _block_values(x: torch.Tensor, blocked: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """Each row's chosen blocks (``blocks``: their numbers, ``[rows, k]``) side by side, then the
+    row's columns past the last whole block."""
+    rows, nb, block = blocked.shape
+    full = nb * block
+    base = torch.arange(rows, device=x.device).unsqueeze(1)
+    if x.stride(0) == x.shape[1] == full:  # whole blocks copied as rows (faster than gathering columns)
+        vals = x.view(rows * nb, block).index_select(0, (blocks + base * nb).view(-1))
+    else:
+        vals = blocked[base, blocks]
+    vals = vals.reshape(rows, blocks.shape[1] * block)
+    return torch.cat([vals, x[:, full:]], 1) if full < x.shape[1] else vals
+
+
+def _block_columns(blocks: torch.Tensor, p: torch.Tensor, block: int, vocab: int) -> torch.Tensor:
+    """The columns of the row at positions ``p`` of ``_block_values``' rows."""
+    k, full = blocks.shape[1], vocab // block * block
     col = torch.gather(blocks, 1, p.div(block, rounding_mode="floor").clamp(max=k - 1)) * block + p % block
-    if full < vocab:
-        col = torch.where(p >= k * block, full + p - k * block, col)
-    return v, col
+    return torch.where(p >= k * block, full + p - k * block, col) if full < vocab else col
 
 
 def _top_cpu(x: torch.Tensor, k: int, block: int):
@@ -62,21 +73,14 @@ def _top_cpu(x: torch.Tensor, k: int, block: int):
     None where block maxima tie at ``m`` (or are NaN), which the caller then handles."""
     rows, vocab = x.shape
     nb = vocab // block
-    full = nb * block
     blocked = x.as_strided((rows, nb, block), (x.stride(0), block, 1))
     peaks = blocked.amax(-1).numpy()
     m = np.partition(peaks, nb - k, axis=1)[:, nb - k]
     flat = np.flatnonzero(peaks >= m[:, None])
     if len(flat) != rows * k:
         return None
-    blocks = flat.reshape(rows, k) - (np.arange(rows) * nb)[:, None]  # each row's, in column order
-    if x.stride(0) == vocab == full:  # whole blocks copied as rows (faster than gathering columns)
-        vals = x.view(rows * nb, block).index_select(0, torch.from_numpy(flat))
-    else:
-        vals = blocked[torch.arange(rows).unsqueeze(1), torch.from_numpy(blocks)]
-    vals = vals.reshape(rows, k * block).numpy()
-    if full < vocab:
-        vals = np.concatenate([vals, x[:, full:].numpy()], 1)
+    blocks = torch.from_numpy(flat.reshape(rows, k) - (np.arange(rows) * nb)[:, None])  # in column order
+    vals = _block_values(x, blocked, blocks).numpy()
     width = vals.shape[1]
     hit = np.flatnonzero(vals >= m[:, None])  # at least k a row: each chosen block's maximum
     r = hit // width
@@ -86,11 +90,8 @@ def _top_cpu(x: torch.Tensor, k: int, block: int):
     where = np.zeros(cand.shape, np.int64)
     where[r, at] = hit - r * width
     order = np.argsort(-cand, axis=1, kind="stable")[:, :k]
-    p = np.take_along_axis(where, order, 1)
-    col = np.take_along_axis(blocks, np.minimum(p // block, k - 1), 1) * block + p % block
-    if full < vocab:
-        col = np.where(p >= k * block, full + p - k * block, col)
-    return torch.from_numpy(np.take_along_axis(cand, order, 1)), torch.from_numpy(col)
+    p = torch.from_numpy(np.take_along_axis(where, order, 1))
+    return torch.from_numpy(np.take_along_axis(cand, order, 1)), _block_columns(blocks, p, block, vocab)
 
 
 class RuleScores:

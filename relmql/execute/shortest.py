@@ -237,11 +237,12 @@ class ShortestPathSearch:
         return (self.kid_bytes + self.seq_bytes + (self.nodes + len(self.queue)) * NODE_BYTES
                 + (len(self._finals) + len(self._continues)) * STATE_BYTES)
 
-    def push_child(self, node: _Node, i: int, row: Optional[tuple] = None) -> None:
-        """Queue stored child ``i`` of ``node`` (``row``: that child as a tuple, if read already)."""
+    def child_entry(self, node: _Node, i: int, row: Optional[tuple] = None) -> tuple:
+        """The queue entry of stored child ``i`` of ``node`` (``row``: that child as a tuple, if
+        read already)."""
         if row is None:
             row = node.kids[i].tolist()
-        heapq.heappush(self.queue, (row[5], row[6], next(self._tie), CHILD, node, (i, row)))
+        return row[5], row[6], next(self._tie), CHILD, node, (i, row)
 
     def materialize(self, parent: _Node, row: tuple) -> _Node:
         """A stored child of ``parent``, given as a tuple of its fields, as a node."""
@@ -275,17 +276,13 @@ class ShortestPathSearch:
     def next_sibling(self, parent: _Node, i: int) -> None:
         """Child ``i`` of ``parent``, first in the queue, leaves it: the next one takes its place
         (one sift of the heap, not two), or the next chunk is queued."""
-        kids = parent.kids
-        if i + 1 < len(kids):
-            row = kids[i + 1].tolist()
-            heapq.heapreplace(self.queue, (row[5], row[6], next(self._tie), CHILD, parent, (i + 1, row)))
+        if i + 1 < len(parent.kids):
+            heapq.heapreplace(self.queue, self.child_entry(parent, i + 1))
             return
         heapq.heappop(self.queue)
-        if parent.more:
-            self.push(tuple(kids[i].tolist()[5:7]), MORE, parent, parent.more)
-            self.store_kids(parent, None)  # made again, from the next chunk on, if ever needed
-        else:
-            self.store_kids(parent, None)  # every child is in the queue or expanded
+        if parent.more:  # made again, from the next chunk on, if ever needed
+            self.push(tuple(parent.kids[i].tolist()[5:7]), MORE, parent, parent.more)
+        self.store_kids(parent, None)  # every child is in the queue or expanded, or will be made again
 
     def final_edits(self, state: int) -> int:
         """``automaton.final_edits(state)``, remembered (a search meets each state many times)."""
@@ -441,7 +438,7 @@ class ShortestPathSearch:
                 mine, head = mine[np.lexsort((mine["val"], mine["tier"]))[chunk:chunk + CHUNK]], None
             self.store_kids(node, mine)
             node.more = chunk + CHUNK if chunk + CHUNK < n else 0
-            self.push_child(node, 0, head)
+            heapq.heappush(self.queue, self.child_entry(node, 0, head))
         stats.prefix = self.prefix_expanded
         if self.by_prob and self.prefix_expanded > opts.max_prefix_nodes:
             raise self.too_many_prefix_paths(f"more than {opts.max_prefix_nodes:,}")
