@@ -104,7 +104,7 @@ def relm_style_search(model, pattern, prefix, limit, topk=40):
                 heapq.heappush(heap, (cost - keep[t], next(tie), s, toks + (t,)))
     wall = time.perf_counter() - t0
     return {"first": first, "wall": wall, "rows": len(rows), "rows_per_s": len(rows) / wall,
-            "tokens_per_node": tokens / max(1, nodes)}
+            "tokens_per_node": tokens / max(1, nodes), "tokens": rows}
 
 
 def bench_shortest(model) -> Dict:
@@ -119,6 +119,7 @@ def bench_shortest(model) -> Dict:
         for r in res.values():
             if isinstance(r, dict):
                 r.pop("texts", None)
+                r.pop("tokens", None)
         out[name] = res
         print(f"shortest {name}: {json.dumps(res)}", file=sys.stderr, flush=True)
     return out

@@ -93,7 +93,7 @@ def rule_logprobs(model, toks, n: int, topk: int) -> Tuple[float, float]:
     """``rule_logprob`` and the whole sequence's (the ``n`` prefix tokens at the model's own
     probability, the rest under top-k), from one forward pass."""
     with torch.no_grad():
-        logits = model.model(torch.tensor([[model.bos_id, *toks]])).logits[0].float()
+        logits = model.model(torch.tensor([[model.bos_id, *toks]], device=model.device)).logits[0].float()
     lp = torch.log_softmax(logits, -1)
     pre = sum(float(lp[i, toks[i]]) for i in range(n))
     cond = 0.0

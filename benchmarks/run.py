@@ -8,7 +8,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from . import compile_bench, execute_bench, executor_bench, gemma_bench, measure_bench, precision_bench, scale_bench
+from . import (compile_bench, execute_bench, executor_bench, gemma_bench, gpu_bench, measure_bench, precision_bench,
+               scale_bench)
 from .setting import setting
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +37,7 @@ def main():
     import argparse
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--seconds", type=float, default=30.0, help="time per URL memorization configuration")
-    p.add_argument("--only", choices=("compile", "execute", "executor", "measure", "precision", "scale", "gemma"),
+    p.add_argument("--only", choices=("compile", "execute", "executor", "measure", "precision", "scale", "gemma", "gpu"),
                    help="run one part (the others are left as they are)")
     p.add_argument("--execute-json", help="take the executor results from this file (written by "
                                           "python -m benchmarks.execute_bench --json) instead of measuring them")
@@ -44,6 +45,9 @@ def main():
                                            "python -m benchmarks.executor_bench --json) instead of measuring them")
     p.add_argument("--precision-json", help="take the precision results from this file (written by "
                                             "python -m benchmarks.precision_bench --json) instead of measuring them")
+    p.add_argument("--gpu-json", help="the GPU section from this file: a list of {label, results}, each results "
+                                      "written by python -m benchmarks.gpu_bench --json on a GPU machine (never "
+                                      "measured here: CI and this machine have no GPU)")
     p.add_argument("--gemma-json", help="take the Gemma 3 results from this file (written by "
                                         "python -m benchmarks.gemma_bench --json) instead of measuring them")
     args = p.parse_args()
@@ -81,6 +85,11 @@ def main():
     scale_part = scale_bench.tables(scaled) if scaled else _section(old, "<!-- scale -->")
     gemma_part = gemma_bench.tables(gemma) if gemma else _section(old, "<!-- gemma -->")
     precision_part = precision_bench.tables(precise) if precise else _section(old, "<!-- precision -->")
+    if args.gpu_json:
+        import json
+        gpu_part = gpu_bench.tables(json.loads(Path(args.gpu_json).read_text()))
+    else:
+        gpu_part = _section(old, "<!-- gpu -->")
     now = setting()
     header = {"date": now.date, "machine": now.machine, "versions": now.versions}
     if args.only and old:  # one part measured again: the header stays the other parts'
@@ -103,7 +112,8 @@ def main():
                 .replace("{{measure_tables}}", _mark("<!-- measure -->", measure_part))
                 .replace("{{scale_tables}}", _mark("<!-- scale -->", scale_part))
                 .replace("{{gemma_tables}}", _mark("<!-- gemma -->", gemma_part))
-                .replace("{{precision_tables}}", _mark("<!-- precision -->", precision_part)))
+                .replace("{{precision_tables}}", _mark("<!-- precision -->", precision_part))
+                .replace("{{gpu_tables}}", _mark("<!-- gpu -->", gpu_part)))
     out.write_text(text)
     print(f"wrote {out}")
 

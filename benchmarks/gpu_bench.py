@@ -1,0 +1,250 @@
+"""The executor on a GPU (issue 17): a packaged model (Gemma 3 270M by default) in float32 on CUDA.
+
+1. Exactness: the George Washington query's top 10 at batch 32 and 512 and by a ReLM-style
+   search (``execute_bench.relm_style_search``: one uncached forward pass per node), each row
+   scored again by one direct float32 forward pass over its tokens (``precision_bench``).
+2. Throughput: expanded nodes per second of the URL search (top-k 40) at batch 32-512, with the
+   share of wall time inside the model's forward passes and the GPU's utilization (NVML: the
+   share of time a kernel was running, sampled every 50 ms).
+3. The ratio to ReLM-style search: time to the first row and rows per second of the George
+   Washington (10 rows) and URL (100 rows) queries, relmql at batch 32 against ReLM-style.
+4. Where the executor's time goes at batch 256 (cProfile); batches of 512 and 1,024 each in one
+   forward pass (the logits cap raised); and, last, bfloat16 throughput.
+
+Each part writes its results to ``--json`` as soon as it ends (a lease may end first).
+
+    python -m benchmarks.gpu_bench [--model gemma3-270m] [--json out.json] [--profile prof.txt]
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import json
+import math
+import pstats
+import sys
+import threading
+import time
+from typing import Dict, List
+
+import torch
+
+from .execute_bench import GW, GW_PREFIX, URL, URL_PREFIX, relm_style_search, relmql_search
+from .precision_bench import rule_logprobs
+
+BATCHES = (32, 128, 256, 512)
+
+
+class Utilization:
+    """The GPU's mean utilization (NVML, percent) while the ``with`` block runs; None without NVML."""
+
+    def __init__(self, device: torch.device, every: float = 0.05):
+        self.every, self.samples, self.handle = every, [], None
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        except Exception:  # no NVML here: utilization is not measured
+            pass
+
+    def _sample(self):
+        while not self.done.wait(self.every):
+            self.samples.append(self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu)
+
+    def __enter__(self):
+        self.done, self.samples = threading.Event(), []
+        if self.handle is not None:
+            self.thread = threading.Thread(target=self._sample, daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        if self.handle is not None:
+            self.thread.join()
+
+    @property
+    def mean(self):
+        return sum(self.samples) / len(self.samples) if self.samples else None
+
+
+def throughput(model, ta, batch: int, nodes: int) -> Dict:
+    """One URL search of at most ``nodes`` expanded nodes at ``batch``: nodes/s, forward share, GPU use."""
+    from relmql.execute import Decoding, SearchStats, ShortestPath, shortest_path
+    stats = SearchStats()
+    f0, c0 = model.stats.seconds, model.stats.calls
+    with Utilization(model.device) as use:
+        t0 = time.perf_counter()
+        rows = sum(1 for _ in shortest_path(ta, model, Decoding(topk=40), ShortestPath(batch_size=batch, max_nodes=nodes),
+                                            stats=stats))
+        wall = time.perf_counter() - t0
+    fwd = model.stats.seconds - f0
+    return {"batch": batch, "nodes": stats.expanded, "rows": rows, "seconds": wall,
+            "nodes_per_s": stats.expanded / wall, "forward_share": fwd / wall, "gpu_utilization": use.mean,
+            "forward_calls": model.stats.calls - c0}
+
+
+def exactness(model) -> Dict:
+    """The GW top 10 at batch 32 and 512 and ReLM-style: same rows, and each row's logprob against
+    one direct float32 forward pass over its tokens."""
+    from relmql.automata import compile
+    from relmql.execute import Decoding, ShortestPath, shortest_path
+    ta = compile(GW, model.vocabulary, GW_PREFIX)
+    got = {b: list(shortest_path(ta, model, Decoding(topk=40), ShortestPath(limit=10, batch_size=b)))
+           for b in (32, 512)}
+    relm = relm_style_search(model, GW, GW_PREFIX, 10)
+    a, b = got[32], got[512]
+    direct = [rule_logprobs(model, list(r.tokens), r.prefix_tokens, 40)[0] for r in a]
+    return {"texts": [r.text for r in a], "logprobs": [r.logprob for r in a],
+            "same_rows_at_512": [r.tokens for r in a] == [r.tokens for r in b],
+            "max_diff_32_vs_512": max(abs(x.logprob - y.logprob) for x, y in zip(a, b)),
+            "bit_identical_32_vs_512": all(x.logprob == y.logprob for x, y in zip(a, b)),
+            "same_rows_as_relm_style": [r.tokens for r in a] == [tuple(t) for t in relm["tokens"]],
+            "max_diff_vs_direct": max(abs(x.logprob - d) for x, d in zip(a, direct))}
+
+
+def versus_relm(model) -> Dict:
+    """relmql at batch 32 against ReLM-style search: first row and rows/s (GW 10 rows, URL 100)."""
+    out = {}
+    for name, pattern, prefix, limit in (("george washington", GW, GW_PREFIX, 10), ("url", URL, URL_PREFIX, 100)):
+        relmql_search(model, pattern, prefix, 3, 32)  # compile and warm up
+        mine = relmql_search(model, pattern, prefix, limit, 32)
+        mine.pop("texts", None)
+        theirs = relm_style_search(model, pattern, prefix, limit)
+        theirs.pop("tokens", None)
+        out[name] = {"relmql": mine, "relm-style": theirs, "first_ratio": theirs["first"] / mine["first"],
+                     "rows_per_s_ratio": mine["rows_per_s"] / theirs["rows_per_s"]}
+        print(f"versus relm {name}: {json.dumps(out[name])}", file=sys.stderr, flush=True)
+    return out
+
+
+def _pct(x) -> str:
+    return "—" if x is None else f"{x:.0f}%"
+
+
+def tables(runs: List[Dict]) -> str:
+    """Markdown for docs/benchmarks.md from ``[{"label": ..., "results": <--json output>}, ...]``,
+    one run after another (each run on its own machine: compare within a run)."""
+    out = []
+    for run in runs:
+        r, label = run["results"], run["label"]
+        out += [f"**{label}** ({r.get('gpu', '?')}, torch {r.get('torch', '?')}; model loaded in "
+                f"{r['load']['seconds']:.0f} s)", ""]
+        rows = [("float32", t, "") for t in r.get("throughput", [])]
+        rows += [("float32", t, "one forward pass per batch") for t in r.get("throughput_one_pass", [])]
+        rows += [("bfloat16", t, "") for t in r.get("throughput_bf16", [])]
+        if rows:
+            out += ["| dtype | batch | expanded nodes | nodes/s | in forward passes | GPU utilization | note |",
+                    "|---|---|---|---|---|---|---|"]
+            out += [f"| {dt} | {t['batch']} | {t['nodes']:,} | {t['nodes_per_s']:,.0f} | {t['forward_share']:.0%} | "
+                    f"{_pct(t['gpu_utilization'])} | {note} |" for dt, t, note in rows]
+            out.append("")
+        e = r.get("exact")
+        if e:
+            out += [f"Exactness (George Washington, top 10): the same rows at batch 32 and 512 "
+                    f"({'yes' if e['same_rows_at_512'] else 'NO'}), and as the ReLM-style search "
+                    f"({'yes' if e['same_rows_as_relm_style'] else 'NO'}); log-probabilities at batch 32 and 512 "
+                    f"{'bit-identical' if e['bit_identical_32_vs_512'] else 'within %.1e' % e['max_diff_32_vs_512']}; "
+                    f"against one direct float32 forward pass per row, within {e['max_diff_vs_direct']:.1e}.", ""]
+        v = r.get("versus_relm")
+        if v:
+            out += ["| query | relmql first row | ReLM-style first row | relmql rows/s | ReLM-style rows/s | ratio |",
+                    "|---|---|---|---|---|---|"]
+            for name, q in v.items():
+                a, b = q["relmql"], q["relm-style"]
+                out.append(f"| {name} ({a['rows']} rows) | {a['first']:.2f} s | {b['first']:.2f} s | {a['rows_per_s']:.1f} | "
+                           f"{b['rows_per_s']:.1f} | **{q['first_ratio']:.1f}× sooner, {q['rows_per_s_ratio']:.1f}× "
+                           f"the rows/s** |")
+            out.append("")
+    return "\n".join(out).rstrip("\n")
+
+
+def main(argv: List[str] = None) -> None:
+    import argparse
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="gemma3-270m")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--nodes", type=int, default=20_000, help="expanded nodes per throughput search, at most")
+    p.add_argument("--json", help="write the results here (after each part)")
+    p.add_argument("--profile", help="write the batch-256 profile here")
+    p.add_argument("--parts", default="exact,throughput,relm,profile,logits,bf16")
+    args = p.parse_args(argv)
+    from relmql.automata import compile
+    from relmql.models import load_model
+    res: Dict = {"torch": torch.__version__}
+    if torch.cuda.is_available():
+        res["gpu"] = torch.cuda.get_device_name()
+
+    def save(part, value):
+        res[part] = value
+        print(f"{part}: {json.dumps(value)}", file=sys.stderr, flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1)
+
+    t0 = time.perf_counter()
+    model = load_model(args.model, device=args.device, dtype="float32")
+    save("load", {"seconds": time.perf_counter() - t0, "attention": model.attention})
+    for part in args.parts.split(","):
+        try:
+            if part == "exact":
+                save("exact", exactness(model))
+            elif part == "throughput":
+                t = time.perf_counter()
+                ta = compile(URL, model.vocabulary, URL_PREFIX)
+                throughput(model, ta, 32, 500)  # warm up
+                save("compile_url_seconds", time.perf_counter() - t)
+                save("throughput", [throughput(model, ta, b, max(args.nodes // 4, min(args.nodes, 40 * b)))
+                                    for b in BATCHES])
+            elif part == "relm":
+                save("versus_relm", versus_relm(model))
+            elif part == "profile":
+                ta = compile(URL, model.vocabulary, URL_PREFIX)
+                prof = cProfile.Profile()
+                prof.enable()
+                r = throughput(model, ta, 256, 5000)
+                prof.disable()
+                text = io.StringIO()
+                for order in ("cumulative", "tottime"):
+                    pstats.Stats(prof, stream=text).sort_stats(order).print_stats(45)
+                if args.profile:
+                    with open(args.profile, "w") as f:
+                        f.write(text.getvalue())
+                save("profiled", r)
+            elif part == "logits":
+                # each forward pass's float32 logits are capped at hf.LOGITS_BYTES (256 MiB: 256
+                # rows of Gemma's 262,144 tokens); with 2 GiB a batch of 1,024 is one pass
+                from relmql.models import hf
+                ta = compile(URL, model.vocabulary, URL_PREFIX)
+                cap, hf.LOGITS_BYTES = hf.LOGITS_BYTES, 2 ** 31
+                try:
+                    save("throughput_one_pass", [throughput(model, ta, b, min(args.nodes, 40 * b)) for b in (512, 1024)])
+                finally:
+                    hf.LOGITS_BYTES = cap
+            elif part == "bf16":
+                from relmql.models.hf import TransformersModel
+                half = TransformersModel(model.model.to(torch.bfloat16), model.tokenizer, model.name + "-bf16",
+                                         bos_id=model.bos_id, eos_id=model.eos_id)
+                ta = compile(URL, half.vocabulary, URL_PREFIX)
+                throughput(half, ta, 32, 500)
+                save("bf16_attention", half.attention)
+                save("throughput_bf16", [throughput(half, ta, b, 5000) for b in (32, 256)])
+                prof = cProfile.Profile()
+                prof.enable()
+                throughput(half, ta, 256, 5000)
+                prof.disable()
+                if args.profile:
+                    with open(args.profile, "a") as f:
+                        text = io.StringIO()
+                        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
+                        f.write("\n\nbfloat16, batch 256\n" + text.getvalue())
+        except Exception as e:  # one part failing leaves the others' figures
+            import traceback
+            save(f"{part}_error", traceback.format_exc()[-3000:])
+            print(f"part {part} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()
