@@ -443,7 +443,15 @@ class TokenAutomaton:
     def _fallback_step(self, q: int, f: int, region: int):
         """The byte-fallback tokens allowed at byte state ``q``, ``f`` bytes into a character the
         vocabulary lacks (state 0: at its start). Such a character is a chunk of its own (BPE
-        never merges across it): before it the chunk ends, after it a fresh one begins."""
+        never merges across it): before it the chunk ends, after it a fresh one begins. Memoized
+        (read-only arrays): every state at ``q`` after a whole token asks again."""
+        key = ("fallback", q, f, region)
+        got = self._live_cache.get(key)
+        if got is None:
+            got = self._live_cache[key] = self._fallback_arrays(q, f, region)
+        return got
+
+    def _fallback_arrays(self, q: int, f: int, region: int):
         fdelta, ffinal, ftoks = self.fb
         byts = np.flatnonzero((fdelta[f] >= 0) & (self.delta[q, :256] != self.dead))
         f2 = fdelta[f, byts]
@@ -453,7 +461,10 @@ class TokenAutomaton:
         lam2 = np.where(done, 0, self.fb_base + f2).astype(np.int64)
         toks = ftoks[byts]
         order = np.argsort(toks, kind="stable")
-        return toks[order], tq[order], end[order], lam2[order], None
+        out = (toks[order], tq[order], end[order], lam2[order])
+        for a in out:
+            a.flags.writeable = False
+        return (*out, None)
 
     def _bpe_step(self, q: int, tau: int, lam: int, region: int, picked: Optional[Picked] = None):
         toks, tq, qcode, qvals = self._dfa_coded(q)
