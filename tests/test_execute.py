@@ -489,6 +489,38 @@ def test_blockwise_top_values_equal_torch_topk(vocab):
         assert all(len(set(r)) == k for r in idx.tolist())
 
 
+@pytest.mark.parametrize("topp", [None, 0.9])
+def test_rows_tied_at_the_topk_threshold_keep_every_tied_token(topp):
+    """RuleScores on rows whose k-th value ties with the next ones (as bfloat16 logits often do):
+    ``kept`` lists every token at or above the row's threshold (sorted) and the normalizer sums
+    exactly those, against the whole row; a row tied over most of the vocabulary keeps None
+    (its arcs are read whole)."""
+    from relmql.execute.decoding import RuleScores
+    gen = torch.Generator().manual_seed(1)
+    vocab, k = 262144, 40
+    x = torch.log_softmax((torch.randn(6, vocab, generator=gen) * 3).to(torch.bfloat16).float(), -1)
+    x[1] = torch.round(x[1] * 2) / 2  # ties around the k-th value
+    x[2] = x[2, 0]  # every token tied
+    scores = RuleScores(x, Decoding(topk=k, topp=topp))
+    ties = 0
+    for b in range(len(x)):
+        kth = torch.topk(x[b], k).values[-1]
+        if topp is not None:  # the smallest most probable set reaching topp, within the top k
+            v = torch.topk(x[b], k).values
+            p = torch.exp(v - torch.logsumexp(v, 0))
+            kth = v[int(((torch.cumsum(p, 0) - p) < topp).sum()) - 1]
+        want = np.flatnonzero((x[b] >= kth).numpy())
+        assert math.isclose(float(scores.lse[b]), float(torch.logsumexp(x[b][x[b] >= kth], 0)), abs_tol=1e-5)
+        if len(want) > 4 * k + 1:
+            assert scores.kept[b] is None
+        elif topp is None:
+            assert scores.kept[b] is not None and np.array_equal(scores.kept[b], want)
+            ties += len(want) > k
+        else:  # rows keep fewer: the search of ties may have looked among fewer
+            assert scores.kept[b] is None or np.array_equal(scores.kept[b], want)
+    assert topp is not None or ties >= 2  # the rows above are tied for real
+
+
 @pytest.mark.parametrize("vocab", [49152, 50257, 262144])
 def test_blockwise_top_on_a_cpu_without_ties_between_blocks(vocab):
     """decoding.top's CPU path (the k-th largest block maximum, then a sort of the values at or

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -102,7 +102,8 @@ class RuleScores:
     probable tokens (ties with the k-th kept), then the smallest most-probable set whose
     probability reaches ``topp``, and renormalize over what is kept. Per distribution this needs
     only a threshold and a normalizer; ``kept[b]`` lists the tokens row ``b`` keeps (sorted), when
-    top-k or top-p make that a short list.
+    top-k or top-p make that a short list (ties at the threshold included; None where more than
+    four times as many tokens tie).
     """
 
     def __init__(self, logprobs: torch.Tensor, rules: Decoding):
@@ -142,12 +143,30 @@ class RuleScores:
             self.threshold = vals[:, k - 1]
             self.lse = torch.logsumexp(vals[:, :k], dim=-1)
             nxt = vals[:, min(k, vals.shape[1] - 1)]
-        # transformers keeps tokens tied with the last one kept: rare, handled over the whole row
+        # transformers keeps tokens tied with the last one kept (rare in float32, common in
+        # bfloat16): such a row keeps every token at or above its threshold, found among its
+        # 4 width + 1 largest (the whole row where even those all reach the threshold)
         tied = (nxt == self.threshold) & (count < vocab)
+        wide: Dict[int, np.ndarray] = {}
         if bool(tied.any()):
             r = tied.nonzero().flatten()
-            masked = x[r].masked_fill(x[r] < self.threshold[r].unsqueeze(1), -math.inf)
-            self.lse[r] = torch.logsumexp(masked, dim=-1)
+            thr = self.threshold[r].unsqueeze(1)
+            m = min(vocab, 4 * width + 1)
+            if 2 * len(r) >= rows:  # most rows: no copy of them
+                tv, ti = top(x, m)
+                tv, ti = tv[r], ti[r]
+            else:
+                tv, ti = top(x[r], m)
+            above = tv >= thr
+            lse = torch.logsumexp(tv.masked_fill(~above, -math.inf), dim=-1)
+            whole = above[:, -1] & (tv.shape[1] < vocab)
+            if bool(whole.any()):
+                w = r[whole]
+                lse[whole] = torch.logsumexp(x[w].masked_fill(x[w] < self.threshold[w].unsqueeze(1), -math.inf), -1)
+            self.lse[r] = lse
+            for b, cols, keep, out in zip(r.tolist(), ti.cpu().numpy(), above.cpu().numpy(), whole.tolist()):
+                if not out:
+                    wide[b] = np.sort(cols[keep])
         ids = idx[:, :width].cpu().numpy()
         counts = count.cpu().numpy()
         if (counts < width).any():  # top-p: rows keep fewer; the rest sort past every token
@@ -155,7 +174,8 @@ class RuleScores:
         ids.sort(axis=1)
         tied = tied.cpu().numpy()
         if nucleus or tied.any():
-            self.kept = [None if t else ids[b, :c] for b, (t, c) in enumerate(zip(tied.tolist(), counts.tolist()))]
+            self.kept = [wide.get(b) if t else ids[b, :c] for b, (t, c) in enumerate(zip(tied.tolist(),
+                                                                                       counts.tolist()))]
         else:
             self.kept = list(ids)
 
