@@ -171,6 +171,8 @@ def main(argv: List[str] = None) -> None:
     p.add_argument("--profile", help="write the batch-256 profile here")
     p.add_argument("--parts", default="exact,throughput,relm,profile,logits,bf16")
     args = p.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error("torch sees no CUDA GPU here (--device cpu runs the same parts on the CPU)")
     from relmql.automata import compile
     from relmql.models import load_model
     res: Dict = {"torch": torch.__version__}
