@@ -21,7 +21,6 @@ from __future__ import annotations
 import cProfile
 import io
 import json
-import math
 import pstats
 import sys
 import threading
@@ -120,6 +119,22 @@ def versus_relm(model) -> Dict:
     return out
 
 
+def profiled(model, ta, path, title: str, orders=("cumulative", "tottime")) -> Dict:
+    """``throughput`` at batch 256 (5,000 nodes) under cProfile, its listings appended to ``path``
+    (under Python 3.12 the sampling thread's sleeps show there as lock waits)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    got = throughput(model, ta, 256, 5000)
+    prof.disable()
+    if path:
+        text = io.StringIO()
+        for order in orders:
+            pstats.Stats(prof, stream=text).sort_stats(order).print_stats(45)
+        with open(path, "a") as f:
+            f.write(f"{title}\n{text.getvalue()}\n")
+    return got
+
+
 def _pct(x) -> str:
     return "—" if x is None else f"{x:.0f}%"
 
@@ -175,6 +190,8 @@ def main(argv: List[str] = None) -> None:
         p.error("torch sees no CUDA GPU here (--device cpu runs the same parts on the CPU)")
     from relmql.automata import compile
     from relmql.models import load_model
+    if args.profile:
+        open(args.profile, "w").close()  # each part appends its listings
     res: Dict = {"torch": torch.__version__}
     if torch.cuda.is_available():
         res["gpu"] = torch.cuda.get_device_name()
@@ -189,13 +206,20 @@ def main(argv: List[str] = None) -> None:
     t0 = time.perf_counter()
     model = load_model(args.model, device=args.device, dtype="float32")
     save("load", {"seconds": time.perf_counter() - t0, "attention": model.attention})
+    url = {}  # the URL automaton of each model's vocabulary, compiled once
+
+    def url_of(m):
+        if id(m) not in url:
+            url[id(m)] = compile(URL, m.vocabulary, URL_PREFIX)
+        return url[id(m)]
+
     for part in args.parts.split(","):
         try:
             if part == "exact":
                 save("exact", exactness(model))
             elif part == "throughput":
                 t = time.perf_counter()
-                ta = compile(URL, model.vocabulary, URL_PREFIX)
+                ta = url_of(model)
                 throughput(model, ta, 32, 500)  # warm up
                 save("compile_url_seconds", time.perf_counter() - t)
                 save("throughput", [throughput(model, ta, b, max(args.nodes // 4, min(args.nodes, 40 * b)))
@@ -203,23 +227,12 @@ def main(argv: List[str] = None) -> None:
             elif part == "relm":
                 save("versus_relm", versus_relm(model))
             elif part == "profile":
-                ta = compile(URL, model.vocabulary, URL_PREFIX)
-                prof = cProfile.Profile()
-                prof.enable()
-                r = throughput(model, ta, 256, 5000)
-                prof.disable()
-                text = io.StringIO()
-                for order in ("cumulative", "tottime"):
-                    pstats.Stats(prof, stream=text).sort_stats(order).print_stats(45)
-                if args.profile:
-                    with open(args.profile, "w") as f:
-                        f.write(text.getvalue())
-                save("profiled", r)
+                save("profiled", profiled(model, url_of(model), args.profile, "float32, batch 256"))
             elif part == "logits":
                 # each forward pass's float32 logits are capped at hf.LOGITS_BYTES (256 MiB: 256
                 # rows of Gemma's 262,144 tokens); with 2 GiB a batch of 1,024 is one pass
                 from relmql.models import hf
-                ta = compile(URL, model.vocabulary, URL_PREFIX)
+                ta = url_of(model)
                 cap, hf.LOGITS_BYTES = hf.LOGITS_BYTES, 2 ** 31
                 try:
                     save("throughput_one_pass", [throughput(model, ta, b, min(args.nodes, 40 * b)) for b in (512, 1024)])
@@ -229,19 +242,11 @@ def main(argv: List[str] = None) -> None:
                 from relmql.models.hf import TransformersModel
                 half = TransformersModel(model.model.to(torch.bfloat16), model.tokenizer, model.name + "-bf16",
                                          bos_id=model.bos_id, eos_id=model.eos_id)
-                ta = compile(URL, half.vocabulary, URL_PREFIX)
+                ta = url_of(half)
                 throughput(half, ta, 32, 500)
                 save("bf16_attention", half.attention)
                 save("throughput_bf16", [throughput(half, ta, b, 5000) for b in (32, 256)])
-                prof = cProfile.Profile()
-                prof.enable()
-                throughput(half, ta, 256, 5000)
-                prof.disable()
-                if args.profile:
-                    with open(args.profile, "a") as f:
-                        text = io.StringIO()
-                        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
-                        f.write("\n\nbfloat16, batch 256\n" + text.getvalue())
+                profiled(half, ta, args.profile, "bfloat16, batch 256", ("cumulative",))
         except Exception as e:  # one part failing leaves the others' figures
             import traceback
             save(f"{part}_error", traceback.format_exc()[-3000:])

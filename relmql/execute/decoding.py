@@ -161,8 +161,8 @@ class RuleScores:
             lse = torch.logsumexp(tv.masked_fill(~above, -math.inf), dim=-1)
             whole = above[:, -1] & (tv.shape[1] < vocab)
             if bool(whole.any()):
-                w = r[whole]
-                lse[whole] = torch.logsumexp(x[w].masked_fill(x[w] < self.threshold[w].unsqueeze(1), -math.inf), -1)
+                xw = x[r[whole]]
+                lse[whole] = torch.logsumexp(xw.masked_fill(xw < thr[whole], -math.inf), -1)
             self.lse[r] = lse
             for b, cols, keep, out in zip(r.tolist(), ti.cpu().numpy(), above.cpu().numpy(), whole.tolist()):
                 if not out:
