@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -53,15 +53,6 @@ class Arcs:
         if got is None:
             got = self.__dict__["_n_prefix"] = int(self.prefix.sum())
         return got
-
-
-class Picked(NamedTuple):
-    """The few tokens a canonical step is asked for (``among``, sorted), the positions among its
-    byte state's tokens of those it reads, and which of those BPE's pair rule allows after the
-    token before."""
-    among: np.ndarray
-    positions: np.ndarray
-    allowed: np.ndarray
 
 
 @dataclass
@@ -272,30 +263,90 @@ class TokenAutomaton:
         return rows.astype(np.int64, copy=False), toks, tgts, pre
 
     def _new_arcs(self, new: List[Tuple[int, int, int, int, np.ndarray]]) -> List[Tuple[np.ndarray, ...]]:
-        """``arcs_of``'s pieces for new states of a canonical completion, each found for its kept
-        tokens: the tokens its byte state reads among them (looked up once per byte state) and
-        BPE's pair test for every state's (one call), then the rest state by state."""
-        picked: List[Optional[np.ndarray]] = [None] * len(new)
-        cands: List[Optional[np.ndarray]] = [None] * len(new)  # the tokens at those positions
+        """``arcs_of``'s piece for new states of a canonical completion, each found for its kept
+        tokens, all states at once: what ``_region_arcs`` does for one state, on flat arrays of
+        (state, token) with one lookup per distinct byte state and tracker state, not per state."""
+        lam_r = np.array([lam for _, _, _, lam, _ in new], np.int64)
+        bounds = np.array([self._boundaries(tau) for _, _, tau, _, _ in new], np.int64).reshape(-1, 2)
+        # the tokens each state's byte state reads among its kept ones (looked up once per byte state)
         by_q: Dict[int, List[int]] = {}
         for i, (_, q, _, _, _) in enumerate(new):
             by_q.setdefault(q, []).append(i)
+        parts = []
         for q, idx in by_q.items():
-            toks = self._dfa_coded(q)[0]
+            toks, tq = self._dfa_arcs(q)
             want = [new[i][4] for i in idx]
             pos, hit = _lookup(toks, want)
-            ends = np.cumsum([len(w) for w in want]).tolist()
-            for i, a, e in zip(idx, [0] + ends[:-1], ends):
-                picked[i] = pos[a:e][hit[a:e]]
-                cands[i] = toks[picked[i]]
-        sizes = [len(c) for c in cands]
-        bad = self.pairs.forbidden_pairs(np.repeat([lam for _, _, _, lam, _ in new], sizes), np.concatenate(cands))
-        out, at = [], 0
-        for (b, q, tau, lam, among), p, n in zip(new, picked, sizes):
-            toks, tgts = self._region_arcs(q, tau, lam, 1, Picked(among, p, ~bad[at:at + n]))
-            at += n
-            out.append((np.full(len(toks), b), toks, tgts, np.zeros(len(toks), bool)))
-        return out
+            parts.append((np.repeat(idx, [len(w) for w in want])[hit], toks[pos[hit]], tq[pos[hit]]))
+        r, toks, tq = (np.concatenate(x).astype(np.int64, copy=False) for x in zip(*parts))
+        # BPE's pair test against the token before, then the tracker over each token's bytes from
+        # the boundary before it (where BPE produces the pair, or where it does not)
+        pairs = self.pairs
+        ok = (lam_r[r] == 0) | ~pairs.forbidden_pairs(lam_r[r], toks)
+        start = np.where(ok, bounds[r, 0], bounds[r, 1])
+        end = np.full(len(toks), -1, np.int64)
+        order = np.argsort(start, kind="stable")
+        taus, at = np.unique(start[order], return_index=True)
+        for tau, a, e in zip(taus.tolist(), at.tolist(), at[1:].tolist() + [len(order)]):
+            if tau >= 0:
+                sel = order[a:e]
+                end[sel] = self._tracker_coded(tau)[0][toks[sel]]
+        keep = pairs.self_canonical[toks] & (end >= 0)
+        r, toks, tq, end = r[keep], toks[keep], tq[keep], end[keep]
+        lam2 = pairs.right_class[toks]
+        # children by (byte state, tracker state): those whose text cannot be finished canonically
+        # go; where BPE's pair rule may block every next token, look a few tokens ahead
+        groups, inv = np.unique(self._pack(tq, end, 0), return_inverse=True)
+        inv = inv.reshape(-1)
+        gq, gt = (groups & ((1 << self.bq) - 1)).tolist(), (groups >> self.bq).tolist()
+        alive = np.array([self._live(a, b, 1) for a, b in zip(gq, gt)], bool)
+        check = np.array([ok and self._pair_can_block(a, b, 1) and self._few_arcs(a, 32)
+                          for ok, a, b in zip(alive.tolist(), gq, gt)], bool)
+        keep = alive[inv]
+        idx = np.flatnonzero(check[inv])
+        if len(idx):
+            states, back = np.unique(self._pack(tq[idx], end[idx], lam2[idx]), return_inverse=True)
+            fine = np.array([self._alive(s, 1, LOOKAHEAD) for s in states.tolist()], bool)
+            keep[idx] = fine[back.reshape(-1)]
+        r, toks, tq, end, lam2 = r[keep], toks[keep], tq[keep], end[keep], lam2[keep]
+        # byte-fallback and added tokens, after BPE's, where a chunk may end before them (only the
+        # states that keep one of those tokens are looked at)
+        extra = []
+        if self._extra_tokens is not None:
+            among = [x[4] for x in new]
+            flat = np.concatenate(among)
+            ends = np.array([self.tracker.accepts_end(tau) for _, _, tau, _, _ in new], bool)
+            seen = np.repeat(np.arange(len(new)), [len(x) for x in among])
+            seen = seen[self._extra_tokens[flat] & ends[seen]]
+            for i in np.unique(seen).tolist():
+                _, q, _, _, among = new[i]
+                steps = ([self._fallback_step(q, 0, 1)[:4]] if self.fb is not None else []) + (
+                    [self._tag_step(q, 1)] if self.tags is not None else [])
+                for f_toks, f_tq, f_end, f_lam in steps:
+                    sel = np.isin(f_toks, among)
+                    if sel.any():
+                        extra.append((np.full(int(sel.sum()), i), f_toks[sel], f_tq[sel], f_end[sel], f_lam[sel]))
+        if extra:
+            r, toks, tq, end, lam2 = (np.concatenate(x) for x in zip((r, toks, tq, end, lam2), *extra))
+        # each state's arcs by token (stable: BPE's before the others of the same token)
+        order = np.argsort(r * len(self.vocabulary.tokens) + toks, kind="stable")
+        r, toks = r[order], toks[order]
+        rows = np.array([b for b, _, _, _, _ in new], np.int64)[r]
+        return [(rows, toks, self._pack(tq[order], end[order], lam2[order]), np.zeros(len(toks), bool))]
+
+    @functools.cached_property
+    def _extra_tokens(self) -> Optional[np.ndarray]:
+        """Which tokens a canonical step may add after BPE's: byte-fallback and added tokens (None
+        where there are neither)."""
+        if self.fb is None and self.tags is None:
+            return None
+        mask = np.zeros(len(self.vocabulary.tokens), bool)
+        if self.fb is not None:
+            ftoks = self.fb[2]
+            mask[ftoks[ftoks >= 0]] = True
+        if self.tags is not None:
+            mask[self.tags[0]] = True
+        return mask
 
     def may_continue(self, state: int) -> bool:
         """Whether a token can follow ``state``: exact where its arcs are known or cheap to know;
@@ -368,21 +419,17 @@ class TokenAutomaton:
                 state[going] = self.tracker.step(state[going], mat[going, j])
         return state
 
-    def _region_arcs(self, q: int, tau: int, lam: int, region: int,
-                     picked: Optional[Picked] = None) -> Tuple[np.ndarray, np.ndarray]:
+    def _region_arcs(self, q: int, tau: int, lam: int, region: int) -> Tuple[np.ndarray, np.ndarray]:
         if not self.canonical[region]:
             return self._dfa_arcs(q)
-        toks, tq, end, lam2, groups = self._step(q, tau, lam, region, picked)
-        among = picked.among if picked is not None else None
+        toks, tq, end, lam2, groups = self._step(q, tau, lam, region)
         if groups is not None:
             # BPE's pair rule may block every next token: look a few tokens ahead for a way on (for
-            # a crowd of siblings only where few tokens could come next at all; with ``among`` the
-            # crowd is not counted, and every group is taken for one)
+            # a crowd of siblings only where few tokens could come next at all)
             n = len(groups.key)  # byte-fallback and added tokens after them are not checked
             check = np.zeros(len(toks), bool)
-            if among is None:
-                check[:n] = groups.counts[groups.key] <= 64
-            for k in np.flatnonzero(groups.counts > (64 if among is None else 0)).tolist():
+            check[:n] = groups.counts[groups.key] <= 64
+            for k in np.flatnonzero(groups.counts > 64).tolist():
                 q2, t2 = groups.state(k)
                 if self._pair_can_block(q2, t2, region) and self._few_arcs(q2, 32):
                     check[:n] |= groups.key == k
@@ -399,14 +446,13 @@ class TokenAutomaton:
             toks, tq, end, lam2 = toks[order], tq[order], end[order], lam2[order]
         return toks, self._pack(tq, end, lam2)
 
-    def _step(self, q: int, tau: int, lam: int, region: int, picked: Optional[Picked] = None):
-        """The tokens allowed from (q, tau, lam) in a canonical region (those ``picked``, when
-        given), with their byte state, tracker state and right-edge class, keeping those whose
-        (byte state, tracker state) can still finish the region; and the children grouped by
-        (byte state, tracker state)."""
+    def _step(self, q: int, tau: int, lam: int, region: int):
+        """The tokens allowed from (q, tau, lam) in a canonical region, with their byte state,
+        tracker state and right-edge class, keeping those whose (byte state, tracker state) can
+        still finish the region; and the children grouped by (byte state, tracker state)."""
         if lam >= self.fb_base:
             return self._fallback_step(q, lam - self.fb_base, region)
-        toks, tq, end, lam2, groups = self._bpe_step(q, tau, lam, region, picked)
+        toks, tq, end, lam2, groups = self._bpe_step(q, tau, lam, region)
         extra = []
         if (self.fb is not None or self.tags is not None) and self.tracker.accepts_end(tau):
             if self.fb is not None:
@@ -414,9 +460,6 @@ class TokenAutomaton:
             if self.tags is not None:
                 extra.append(self._tag_step(q, region))
         for f_toks, f_tq, f_end, f_lam in extra:
-            if picked is not None and len(f_toks):
-                sel = np.isin(f_toks, picked.among)
-                f_toks, f_tq, f_end, f_lam = f_toks[sel], f_tq[sel], f_end[sel], f_lam[sel]
             if len(f_toks):
                 toks, tq, end, lam2 = (np.concatenate(x) for x in ((toks, f_toks), (tq, f_tq), (end, f_end),
                                                                     (lam2, f_lam)))
@@ -466,17 +509,14 @@ class TokenAutomaton:
             a.flags.writeable = False
         return (*out, None)
 
-    def _bpe_step(self, q: int, tau: int, lam: int, region: int, picked: Optional[Picked] = None):
+    def _bpe_step(self, q: int, tau: int, lam: int, region: int):
         toks, tq, qcode, qvals = self._dfa_coded(q)
-        if picked is not None:
-            pos = picked.positions
-            toks, tq, qcode = toks[pos], tq[pos], qcode[pos]
         pairs = self.pairs
         keep = pairs.self_canonical[toks]
         if lam == 0:
             ok = np.ones(len(toks), bool)
         else:
-            ok = ~pairs.forbidden_after(lam)[toks] if picked is None else picked.allowed
+            ok = ~pairs.forbidden_after(lam)[toks]
         t_ok, t_bad = self._boundaries(tau)
         walk, codes, evals = self._tracker_coded(int(t_ok))
         end, ecode = walk[toks], codes[toks]
