@@ -309,23 +309,26 @@ class TokenAutomaton:
             fine = np.array([self._alive(s, 1, LOOKAHEAD) for s in states.tolist()], bool)
             keep[idx] = fine[back.reshape(-1)]
         r, toks, tq, end, lam2 = r[keep], toks[keep], tq[keep], end[keep], lam2[keep]
-        # byte-fallback and added tokens, after BPE's, where a chunk may end before them (only the
-        # states that keep one of those tokens are looked at)
+        # byte-fallback and added tokens, after BPE's, where a chunk may end before them: the kept
+        # tokens that are such tokens, looked up among those each byte state reads (once per state)
         extra = []
         if self._extra_tokens is not None:
             among = [x[4] for x in new]
             flat = np.concatenate(among)
             ends = np.array([self.tracker.accepts_end(tau) for _, _, tau, _, _ in new], bool)
-            seen = np.repeat(np.arange(len(new)), [len(x) for x in among])
-            seen = seen[self._extra_tokens[flat] & ends[seen]]
-            for i in np.unique(seen).tolist():
-                _, q, _, _, among = new[i]
+            at = np.repeat(np.arange(len(new)), [len(x) for x in among])
+            hit = self._extra_tokens[flat] & ends[at]
+            hr, ht = at[hit], flat[hit]
+            hq = np.array([new[i][1] for i in hr.tolist()], np.int64)
+            for q in np.unique(hq).tolist():
+                mine = hq == q
                 steps = ([self._fallback_step(q, 0, 1)[:4]] if self.fb is not None else []) + (
                     [self._tag_step(q, 1)] if self.tags is not None else [])
                 for f_toks, f_tq, f_end, f_lam in steps:
-                    sel = np.isin(f_toks, among)
-                    if sel.any():
-                        extra.append((np.full(int(sel.sum()), i), f_toks[sel], f_tq[sel], f_end[sel], f_lam[sel]))
+                    pos, ok = _lookup(f_toks, [ht[mine]])
+                    if ok.any():
+                        p = pos[ok]
+                        extra.append((hr[mine][ok], f_toks[p], f_tq[p], f_end[p], f_lam[p]))
         if extra:
             r, toks, tq, end, lam2 = (np.concatenate(x) for x in zip((r, toks, tq, end, lam2), *extra))
         # each state's arcs by token (stable: BPE's before the others of the same token)
@@ -466,9 +469,9 @@ class TokenAutomaton:
         return toks, tq, end, lam2, groups
 
     def _tag_step(self, q: int, region: int):
-        """The added tokens whose text byte state ``q`` can read: each a chunk of its own, as the
-        tokenizer cuts them out before it pre-tokenizes (the tracker keeps their text out of
-        every other chunk)."""
+        """The added tokens whose text byte state ``q`` can read (by token): each a chunk of its
+        own, as the tokenizer cuts them out before it pre-tokenizes (the tracker keeps their text
+        out of every other chunk)."""
         key = ("tags", q)
         got = self._live_cache.get(key)
         if got is None:
@@ -477,7 +480,8 @@ class TokenAutomaton:
             for j in range(data.shape[1]):
                 going = lens > j
                 state[going] = self.delta[state[going], data[going, j]]
-            keep = state != self.dead
+            keep = np.flatnonzero(state != self.dead)
+            keep = keep[np.argsort(ids[keep], kind="stable")]  # by token
             got = self._live_cache[key] = (ids[keep], state[keep])
         toks, tq = got
         n = len(toks)
