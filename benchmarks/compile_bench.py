@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -72,7 +71,6 @@ def worker(tool: str, vocab_name: str, regex: str) -> dict:
         def size(idx):
             return sum(len(v) for v in idx.get_transitions().values())
     else:
-        from relmql.automata import CompileOptions
         from relmql.automata.language import LanguageSpec, compile_language
         from relmql.automata.tokens import TokenAutomaton
         from relmql.automata.trie import trie_for

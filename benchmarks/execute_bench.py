@@ -22,7 +22,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict
 
 import numpy as np
 import torch
@@ -208,11 +208,11 @@ def bench_memorization(model, seconds: float) -> Dict:
 def bench_sampling(model, n: int) -> Dict:
     from transformers import LogitsProcessor, LogitsProcessorList
     from relmql.automata import compile
-    from relmql.execute import Decoding, Sample, execute
+    from relmql.execute import Sample, execute
     ta = compile(BIAS, model.vocabulary, BIAS_PREFIX)
     list(execute(ta, model, Sample(8, batch_size=8)))  # warm up
     t0 = time.perf_counter()
-    rows = list(execute(ta, model, Sample(n, seed=1, batch_size=BATCH)))
+    list(execute(ta, model, Sample(n, seed=1, batch_size=BATCH)))
     relmql_wall = time.perf_counter() - t0
 
     eos = model.eos_id

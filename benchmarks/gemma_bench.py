@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from .execute_bench import BIAS_PREFIX, DATA, GW, GW_PREFIX, URL_PREFIX
 from .measure_bench import score, sequences
