@@ -300,8 +300,8 @@ class TokenAutomaton:
         inv = inv.reshape(-1)
         gq, gt = (groups & ((1 << self.bq) - 1)).tolist(), (groups >> self.bq).tolist()
         alive = np.array([self._live(a, b, 1) for a, b in zip(gq, gt)], bool)
-        check = np.array([ok and self._pair_can_block(a, b, 1) and self._few_arcs(a, 32)
-                          for ok, a, b in zip(alive.tolist(), gq, gt)], bool)
+        check = np.array([live and self._pair_can_block(a, b, 1) and self._few_arcs(a, 32)
+                          for live, a, b in zip(alive.tolist(), gq, gt)], bool)
         keep = alive[inv]
         idx = np.flatnonzero(check[inv])
         if len(idx):
@@ -315,9 +315,10 @@ class TokenAutomaton:
         if self._extra_tokens is not None:
             among = [x[4] for x in new]
             flat = np.concatenate(among)
-            ends = np.array([self.tracker.accepts_end(tau) for _, _, tau, _, _ in new], bool)
             at = np.repeat(np.arange(len(new)), [len(x) for x in among])
-            hit = self._extra_tokens[flat] & ends[at]
+            hit = np.flatnonzero(self._extra_tokens[flat])
+            ends = {i: self.tracker.accepts_end(new[i][2]) for i in np.unique(at[hit]).tolist()}
+            hit = hit[np.array([ends[i] for i in at[hit].tolist()], bool).reshape(-1)]
             hr, ht = at[hit], flat[hit]
             hq = np.array([new[i][1] for i in hr.tolist()], np.int64)
             for q in np.unique(hq).tolist():
