@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from relmql.automata import CompileOptions, TokenAutomaton, compile
-from relmql.automata.bpe import PairTable
+from relmql.automata.bpe import HashIndex, PairTable
 from relmql.automata.tokens import Arcs
 from relmql.cache import STALE_DAYS, cached_json
 from relmql.errors import CompileError
@@ -190,6 +190,24 @@ def test_pair_table_matches_bpe_on_random_pairs(request, vocab_name):
            for a, b in zip(lefts, rights)]
     got = table.forbidden_pairs(table.right_class[lefts], np.array(rights))
     assert got.tolist() == [not ok for ok in bpe]
+
+
+def test_hash_index_answers_as_a_dict():
+    rng = np.random.default_rng(3)
+    for n, spread in ((1, 10), (1_000, 2_000), (50_000, 10**12), (20_000, 50_000 * 49_152)):
+        keys = np.unique(rng.integers(0, spread, n))
+        if n > 1_000:  # clustered keys, as ``left * vocab + right`` are
+            keys = np.unique(np.concatenate([keys, keys[: n // 4] + 1, keys[: n // 8] + 49_152]))
+        values = rng.integers(0, 10**9, len(keys))
+        index = HashIndex(keys, values)
+        table = dict(zip(keys.tolist(), values.tolist()))
+        asked = np.concatenate([keys, rng.integers(0, spread + 5, 3 * n), keys[::3] + 1, [0]])
+        assert index.get(asked).tolist() == [table.get(k, -1) for k in asked.tolist()]
+        assert index.get(asked, missing=-7).tolist() == [table.get(k, -7) for k in asked.tolist()]
+    assert HashIndex(np.zeros(0, np.int64), np.zeros(0, np.int64)).get(np.arange(5)).tolist() == [-1] * 5
+    for keys in ([5, 7, 5], [5, 5], list(range(100)) + [37]):
+        with pytest.raises(ValueError, match="distinct"):
+            HashIndex(np.array(keys), np.arange(len(keys)))
 
 
 @pytest.mark.parametrize("vocab_name", ["smol_vocab", "mistral_vocab"])

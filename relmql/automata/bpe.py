@@ -34,6 +34,52 @@ Chain = Tuple[Tuple[int, int, int], ...]  # ((token, born, absorbed), ...)
 _SOURCE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]  # cached tables go with the code
 
 
+class HashIndex:
+    """Non-negative int64 keys to int64 values in an open-addressing table (linear probing, at
+    most half full), looked up for many keys at once in a few vectorized rounds: about one random
+    read per key where a binary search over the sorted keys makes log2(n)."""
+
+    MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the top bits of key * 2^64 / phi
+
+    def __init__(self, keys: np.ndarray, values: np.ndarray):
+        bits = max(4, (2 * len(keys)).bit_length())
+        self.shift, self.mask = np.uint64(64 - bits), (1 << bits) - 1
+        self.keys = np.full(1 << bits, -1, np.int64)
+        self.values = np.zeros(1 << bits, np.int64)
+        keys = np.asarray(keys, np.int64)
+        owner = np.full(1 << bits, -1, np.int64)
+        slot, todo, self.rounds = self._slot(keys), np.arange(len(keys)), 0
+        while len(todo):  # each round, every key waiting takes its slot if free (one of those wanting it)
+            s = slot[todo]
+            free = self.keys[s] == -1
+            owner[s[free]] = todo[free]
+            won = free & (owner[s] == todo)
+            self.keys[s[won]], self.values[s[won]] = keys[todo[won]], values[todo[won]]
+            if (self.keys[s] == keys[todo])[~won].any():  # a copy of a key takes the same slots
+                raise ValueError("HashIndex keys must be distinct")
+            todo = todo[~won]
+            slot[todo] = (slot[todo] + 1) & self.mask
+            self.rounds += 1
+
+    def _slot(self, keys: np.ndarray) -> np.ndarray:
+        return ((keys.astype(np.uint64) * self.MIX) >> self.shift).astype(np.int64)
+
+    def get(self, keys: np.ndarray, missing: int = -1) -> np.ndarray:
+        """The value of each key (``missing`` where it is not in the table)."""
+        keys = np.asarray(keys, np.int64)
+        out = np.full(len(keys), missing, np.int64)
+        slot, todo = self._slot(keys), np.arange(len(keys))
+        for _ in range(self.rounds):  # no key sits further than ``rounds`` slots from its own
+            at = self.keys[slot]
+            hit = at == keys
+            out[todo[hit]] = self.values[slot[hit]]
+            on = np.flatnonzero(~hit & (at != -1))
+            if not len(on):
+                break
+            todo, slot, keys = todo[on], (slot[on] + 1) & self.mask, keys[on]
+        return out
+
+
 class PairTable:
     """Merge structure of a BPE vocabulary: per token, whether BPE produces it for its own bytes,
     its left and right edge chains, and (lazily) the set of tokens that cannot follow it."""
@@ -263,14 +309,19 @@ class PairTable:
         mask.flags.writeable = False
         return mask
 
+    @functools.cached_property
+    def _merge_ranks(self) -> HashIndex:
+        """The merges' ranks by key ``left * vocab + right`` (-1: no such merge)."""
+        return HashIndex(*self._flat[:2])
+
     def forbidden_pairs(self, right_classes: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """``forbidden_after(right_classes[i])[tokens[i]]`` for each i, without the whole masks:
         the cross merges (x, y) of each class's right chain and each token's left chain, looked
-        up all at once among the merges sorted by (left, right)."""
+        up all at once in a hash table of the merges."""
         tokens = np.asarray(tokens, np.int64)
         right_classes = np.asarray(right_classes, np.int64)
         out = ~self.self_canonical[tokens]
-        keys, ranks, offsets, lens, ly, lborn, labs = self._flat
+        _, _, offsets, lens, ly, lborn, labs = self._flat
         coffsets, clens, cx, cborn, cabs = self._flat_classes
         own = np.flatnonzero(~out & (clens[right_classes] > 0))
         if not len(own):
@@ -282,11 +333,12 @@ class PairTable:
         nl = lens[tokens[pair]]
         y = np.arange(int(nl.sum())) + np.repeat(offsets[tokens[pair]] - (np.cumsum(nl) - nl), nl)
         pair, x = np.repeat(pair, nl), np.repeat(x, nl)
-        key = cx[x] * len(lens) + ly[y]
-        pos = np.minimum(np.searchsorted(keys, key), len(keys) - 1)
-        r = ranks[pos]
-        hit = (keys[pos] == key) & (cborn[x] < r) & (r < cabs[x]) & (lborn[y] < r) & (r <= labs[y])
-        out[pair[hit]] = True
+        # a merge of x and y forbids the pair if its rank r lies in both chains' windows: born
+        # before r, absorbed after (x) or at it (y); only pairs whose windows meet are looked up
+        lo, hi = np.maximum(cborn[x], lborn[y]), np.minimum(cabs[x] - 1, labs[y])
+        meet = np.flatnonzero(lo < hi)
+        r = self._merge_ranks.get(cx[x[meet]] * len(lens) + ly[y[meet]])
+        out[pair[meet[(r >= 0) & (r > lo[meet]) & (r <= hi[meet])]]] = True
         return out
 
 
