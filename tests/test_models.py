@@ -34,6 +34,36 @@ def test_token_bytes_spell_what_the_tokenizer_encodes(request, model_name):
         assert vocab.decode(ids) == text
 
 
+@pytest.mark.parametrize("vocab_name", ["gpt2_vocab", "smol_vocab", "gemma_vocab", "mistral_vocab", "llama3_vocab"])
+def test_encode_gives_transformers_own_ids(request, vocab_name):
+    """``Vocabulary.encode`` reads the Rust backend directly (rows' ``canonical`` column): the
+    ids transformers' ``encode`` gives, special-token text, edge spaces and odd unicode included."""
+    vocab = request.getfixturevalue(vocab_name)
+    assert vocab._direct_backend is not None
+    specials = [t for t in vocab.tokenizer.all_special_tokens if t][:4]
+    texts = TEXTS + specials + [f"a{t}b {t}" for t in specials] + [
+        "", " ", "  x", " x", "x ", "\n", "\ufffd\ufffd", "<0x41>", "▁▁ hello", "\u2581x", "A\u0301 ﬁ ½ Ⅸ",
+        "http://example.com/a?b=c&d=%20", "    indented\n\tcode();", "1234567890 3.14159"]
+    rng = random.Random(7)
+    words = [t for t in vocab.tokens if t is not None]
+    texts += [b"".join(rng.choice(words) for _ in range(rng.randint(1, 12))).decode("utf-8", "replace")
+              for _ in range(300)]
+    for text in texts:
+        assert vocab.encode(text) == list(vocab.tokenizer.encode(text, add_special_tokens=False)), repr(text)
+
+
+def test_encode_falls_back_to_transformers_where_it_would_do_more(tiny):
+    import copy
+    tok = copy.deepcopy(tiny.vocabulary.tokenizer)
+    tok.backend_tokenizer.enable_truncation(3)
+    vocab = from_tokenizer(tok)
+    assert vocab._direct_backend is None
+    # transformers turns truncation off for a call that does not ask for it: all five words
+    assert vocab.encode("one two three four five") == list(tok.encode("one two three four five",
+                                                                      add_special_tokens=False))
+    assert len(vocab.encode("one two three four five")) == 5
+
+
 def test_special_tokens_are_not_text(smol_vocab, gpt2_vocab):
     assert smol_vocab.tokens[0] is None and smol_vocab.tokens[2] is None  # <|endoftext|>, <|im_end|>
     assert gpt2_vocab.tokens[50256] is None
