@@ -361,9 +361,14 @@ class TokenAutomaton:
         if got is None:
             q, _, lam = self.unpack(state)
             if self._per_token(q, lam):
-                return bool((self.delta[q, :256] != self.dead).any())
+                return bool(self._reads_on[q])
             got = self.arcs(state)
         return len(got) > 0
+
+    @functools.cached_property
+    def _reads_on(self) -> np.ndarray:
+        """Whether each byte state reads another byte."""
+        return (self.delta[:, :256] != self.dead).any(axis=1)
 
     def _per_token(self, q: int, lam: int) -> bool:
         """Whether a state's arcs are costly and can be found for a few tokens alone: a state of
