@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import re
 import sys
+import time
 from pathlib import Path
 from typing import IO, Callable, Dict, List, Optional
 
@@ -182,22 +184,62 @@ def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: I
                plot: Optional[Callable[..., None]] = None) -> int:
     """Run every statement of ``text``, writing results to ``out``; stops at the first error
     (rendered on ``err``). ``plot(result, err)``: called after each query's rows are written.
-    Returns the exit status; a script without statements is not an error, but is noted on ``err``."""
+    A line that starts with '.' where no statement is open is a meta-command, as in the shell
+    (``.mode csv``, ``.output FILE``, ``.timer on``, ``.explain on``, ``.model NAME``, ``.read
+    FILE``, ``.plot FILE``, ``.quit``): it applies to the statements after it, and what it says
+    goes to ``err``, not among the results. Returns the exit status; a script without statements
+    is not an error, but is noted on ``err``."""
+    err = err or sys.stderr
+    if not re.search(r"(?m)^[ \t]*\.(?![0-9])", text):  # no meta-command line can be there
+        return _run_statements(con, text, name, params, fmt, out, err, plot)
+    from .repl.commands import run_command
+    from .repl.shell import ScriptShell, _chunks
+    shell = ScriptShell(con, out, err, params, fmt)
+    chunks = list(_chunks(text))
+    if not chunks:
+        print(f"note: {name} has no statements", file=err)
+    try:
+        for kind, body, line in chunks:
+            if kind == "command":
+                try:
+                    run_command(shell, body)
+                except Error as e:
+                    origin = _origin(name)
+                    print(f"{origin}:{line}: {e.render()}" if origin else e.render(), file=err)
+                    return EXIT_ERROR
+                if shell.failed:  # a .read or .model that failed has said why
+                    return EXIT_ERROR
+                if shell.done:
+                    return 0
+            else:
+                code = _run_statements(con, "\n" * (line - 1) + body, name, params, shell.mode, shell.out, err,
+                                       plot, shell)
+                if code:
+                    return code
+        return 0
+    finally:
+        shell.close()
+
+
+def _run_statements(con, text: str, name: str, params, fmt: str, out: IO[str], err: IO[str],
+                    plot: Optional[Callable[..., None]] = None, shell=None) -> int:
+    """``run_script`` for statements alone; with ``shell`` (a script's meta-command state), its
+    explain and timer switches apply, and each query's result is kept for ``.plot``."""
     from .output import started, write
     from .syntax import ast as A
     from .syntax import parse
-    err = err or sys.stderr
     try:
         statements = parse(text)
     except Error as e:
         print(e.render(_origin(name)), file=err)
         return EXIT_ERROR
-    if not statements:
+    if not statements and shell is None:
         print(f"note: {name} has no statements", file=err)
-    first = True
+    first = shell.first if shell is not None else True
     ahead: Dict[int, object] = {}
     for i, st in enumerate(statements):
         result = None
+        began = time.perf_counter()
         try:
             result = ahead.pop(i, None)
             if isinstance(result, Error):
@@ -208,20 +250,29 @@ def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: I
                 result.start()
                 _start_ahead(con, statements, i, text, params, ahead)
             if result.kind == "status":
+                _timer(shell, began, err)
                 continue
+            if shell is not None and shell.explain and result.kind == "rows":
+                print(result.explain() + "\n", file=err)
             rows = started(result)  # an error before the first row leaves no separator, header or empty table
             if fmt == "table" and not first:
                 out.write("\n")
             first = False
+            if shell is not None:
+                shell.first = False
             if result.kind == "text" and fmt == "table":
                 for (line,) in rows:
                     out.write(line + "\n")
+                _timer(shell, began, err)
                 continue
             write(result.columns, rows, fmt, out, stream=fmt == "table" and out.isatty(), kinds=result.kinds)
             if result.test_plan is not None:  # beside machine formats, on stderr
                 print(result.test.summary(), file=out if fmt == "table" else err)
             if plot is not None and isinstance(st, A.Query) and result.kind == "rows":
                 plot(result, err)
+            if shell is not None and result.kind == "rows":
+                shell.last_result = result
+            _timer(shell, began, err)
         except Error as e:
             print(e.render(_origin(name)), file=err)
             _cancel(ahead)
@@ -237,6 +288,12 @@ def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: I
             _cancel(ahead)
             return 0
     return 0
+
+
+def _timer(shell, began: float, err: IO[str]) -> None:
+    """``.timer on`` in a script: the statement's time, on ``err``."""
+    if shell is not None and shell.timer:
+        print(f"time: {time.perf_counter() - began:.3f} s", file=err)
 
 
 AHEAD = 16  # queries started ahead of the one being written (Ray engine)

@@ -118,6 +118,64 @@ def _table_rows(text):
     return cells[0], cells[1:]
 
 
+def test_meta_commands_in_a_script(capsys, tmp_path, expected):
+    """A script may hold the shell's meta-commands (as duckdb's and sqlite's scripts do): each
+    applies to the statements after it, what they say goes to standard error, not among the rows."""
+    saved, plotted, inner = tmp_path / "saved.jsonl", tmp_path / "probs.png", tmp_path / "inner.rql"
+    inner.write_text("SELECT 'inner' AS f MATCHING 'i';\n", encoding="utf-8")
+    script = tmp_path / "meta.rql"
+    script.write_text(f".mode csv\n{QUERY};\n"
+                      f".output {saved}\n.mode jsonl\n"
+                      "SELECT text, prob MATCHING 'The (cat|dog|bird) (sat|ran)' PREFIX 'The'\n"
+                      "  LIMIT 3;\n"
+                      f".plot {plotted} bar\n"
+                      f".output\n.mode json\n.timer on\n.explain on\n.read {inner}\n"
+                      "SELECT 'after' AS f MATCHING 'a';\n.quit\nSELECT 'never' AS f MATCHING 'n';\n",
+                      encoding="utf-8")
+    code, out, err = run(capsys, "--format", "jsonl", str(script))
+    assert code == 0, err
+    at = re.search(r"(?m)^\[", out).start()  # the first JSON array (csv cells hold lists too)
+    head, rest = out[:at], out[at:]
+    table = list(csv.reader(io.StringIO(head)))
+    assert table[0] == ["rank", "text", "prob", "tokens"]
+    assert [r[1] for r in table[1:]] == [r["text"] for r in expected]
+    assert [r["text"] for r in jsonl(saved.read_text(encoding="utf-8"))] == [r["text"] for r in expected[:3]]
+    assert plotted.stat().st_size > 0
+    # after .output with no file the results come back to standard output, as JSON arrays
+    arrays, decoder = [], json.JSONDecoder()
+    while rest.strip():
+        got, end = decoder.raw_decode(rest.strip())
+        arrays.append(got)
+        rest = rest.strip()[end:]
+    assert arrays == [[{"f": "inner"}], [{"f": "after"}]]
+    assert "never" not in out
+    assert err.count("time: ") == 2 and "MATCHING      'a'" in err and "wrote " + str(plotted) in err
+    assert "inner" not in err
+
+
+@pytest.mark.parametrize("line, message", [
+    (".mode xml", "unknown mode 'xml'"),
+    (".read nowhere.rql", "cannot read nowhere.rql"),
+    (".frobnicate", "unknown command .frobnicate"),
+])
+def test_a_failing_meta_command_stops_the_script(capsys, tmp_path, line, message):
+    script = tmp_path / "bad.rql"
+    script.write_text(f"SELECT 'before' AS f MATCHING 'b';\n{line}\nSELECT 'after' AS f MATCHING 'a';\n",
+                      encoding="utf-8")
+    code, out, err = run(capsys, "--format", "jsonl", str(script))
+    assert code == 1
+    assert jsonl(out) == [{"f": "before"}]
+    assert message in err and err.count("\n") <= 3, err
+    if not line.startswith(".read"):
+        assert err.startswith(f"{script}:2: "), err
+
+
+def test_a_number_at_the_start_of_a_line_is_not_a_meta_command(capsys):
+    code, out, err = run(capsys, "--format", "jsonl", "-c", "SELECT 'x' AS f MATCHING 'a';\n.5;")
+    assert code == 1 and "syntax error" in err and "unknown command" not in err
+    assert jsonl(out) == []  # the script did not parse: nothing ran
+
+
 def test_formats_agree(capsys, expected):
     outputs = {}
     for fmt in ("csv", "json", "jsonl", "table"):

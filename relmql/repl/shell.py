@@ -15,7 +15,7 @@ from typing import IO, Iterator, List, Optional, Tuple
 from ..errors import Error
 from .commands import run_command
 
-__all__ = ["Shell"]
+__all__ = ["Shell", "ScriptShell"]
 
 _MAX_READ_DEPTH = 16
 
@@ -50,7 +50,7 @@ class Shell:
         self.con = con
         self.console = stdout or sys.stdout
         self.err = stderr or sys.stderr
-        self.out = self.console
+        self.out = self.screen = self.console  # results; ``screen``: where ``.output`` goes back to
         self.out_path: Optional[str] = None
         self.params = params
         self.mode = "table"
@@ -84,7 +84,7 @@ class Shell:
     def set_output(self, path: Optional[str]) -> None:
         """Results to the file at ``path`` (None: back to the screen)."""
         from ..output import Sink
-        new = self.console
+        new = self.screen
         if path is not None:
             try:
                 new = Sink(open(path, "w", encoding="utf-8", newline=""), path)
@@ -94,12 +94,12 @@ class Shell:
         self.out, self.out_path = new, path
 
     def close(self) -> None:
-        if self.out is not self.console:
+        if self.out is not self.screen:
             try:
                 self.out.close()
             except OSError:
                 pass
-        self.out, self.out_path = self.console, None
+        self.out, self.out_path = self.screen, None
 
     # -- input
     def handle(self, text: str) -> None:
@@ -255,6 +255,23 @@ class Shell:
                 self.out.flush()
             else:
                 self.say(result.test.summary())
+
+
+class ScriptShell(Shell):
+    """The state a script's meta-command lines change (``relmql FILE``, standard input, ``-c``;
+    see ``cli.run_script``): results go to the script's output ``out`` (and back to it after
+    ``.output``), what the commands say and errors to ``err``; ``failed`` once one has failed."""
+
+    def __init__(self, con, out: IO[str], err: IO[str], params=None, mode: str = "jsonl"):
+        super().__init__(con, stdout=err, stderr=err, params=params)
+        self.out = self.screen = out
+        self.mode = mode
+        self.failed = False
+        self.first = True  # no result written yet (tables are separated by a blank line)
+
+    def report(self, e: BaseException, name: Optional[str] = None) -> None:
+        self.failed = True
+        super().report(e, name)
 
 
 def _chunks(text: str) -> Iterator[Tuple[str, str, int]]:
