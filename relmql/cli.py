@@ -207,6 +207,8 @@ def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: I
                     origin = _origin(name)
                     print(f"{origin}:{line}: {e.render()}" if origin else e.render(), file=err)
                     return EXIT_ERROR
+                if shell.cancelled:  # Ctrl-C in a .read or .model
+                    return EXIT_CANCELLED
                 if shell.failed:  # a .read or .model that failed has said why
                     return EXIT_ERROR
                 if shell.done:

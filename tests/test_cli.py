@@ -548,6 +548,27 @@ def test_ctrl_c_while_reading_standard_input(capsys, monkeypatch):
     assert (code, out, err) == (130, "", "cancelled\n")
 
 
+def test_ctrl_c_in_a_scripts_read_stops_the_script(capsys, monkeypatch, tmp_path):
+    """In the shell Ctrl-C cancels the statement and the shell goes on; in a script it stops the
+    script, in a ``.read`` file as in the script itself."""
+    from relmql.repl import shell as shell_module
+    inner = tmp_path / "inner.rql"
+    inner.write_text(f"{QUERY};\n", encoding="utf-8")
+    script = tmp_path / "script.rql"
+    script.write_text(f".read {inner}\nSELECT 'after' AS f MATCHING 'a';\n", encoding="utf-8")
+    real, pressed = shell_module.time.sleep, []
+
+    def sleep(seconds):  # Ctrl-C while the shell waits for the .read file's statement
+        if not pressed:
+            pressed.append(seconds)
+            raise KeyboardInterrupt
+        real(seconds)
+    monkeypatch.setattr(shell_module.time, "sleep", sleep)
+    code, out, err = run(capsys, "--format", "jsonl", str(script))
+    assert pressed and code == 130
+    assert "after" not in out and "cancelled" in err
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 @pytest.mark.parametrize("fmt", ["table", "jsonl"])
 def test_a_full_disk_is_one_message(monkeypatch, fmt):

@@ -260,18 +260,24 @@ class Shell:
 class ScriptShell(Shell):
     """The state a script's meta-command lines change (``relmql FILE``, standard input, ``-c``;
     see ``cli.run_script``): results go to the script's output ``out`` (and back to it after
-    ``.output``), what the commands say and errors to ``err``; ``failed`` once one has failed."""
+    ``.output``), what the commands say and errors to ``err``; ``failed`` once one has failed,
+    ``cancelled`` once Ctrl-C has stopped one (a script stops there, where the shell goes on)."""
 
     def __init__(self, con, out: IO[str], err: IO[str], params=None, mode: str = "jsonl"):
         super().__init__(con, stdout=err, stderr=err, params=params)
         self.out = self.screen = out
         self.mode = mode
-        self.failed = False
+        self.failed = self.cancelled = False
         self.first = True  # no result written yet (tables are separated by a blank line)
 
     def report(self, e: BaseException, name: Optional[str] = None) -> None:
         self.failed = True
         super().report(e, name)
+
+    def background(self, job) -> Tuple[bool, Optional[BaseException]]:
+        stopped, error = super().background(job)
+        self.cancelled |= stopped
+        return stopped, error
 
 
 def _chunks(text: str) -> Iterator[Tuple[str, str, int]]:
