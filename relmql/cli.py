@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -189,11 +188,11 @@ def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: I
     FILE``, ``.plot FILE``, ``.quit``): it applies to the statements after it, and what it says
     goes to ``err``, not among the results. Returns the exit status; a script without statements
     is not an error, but is noted on ``err``."""
+    from .repl.shell import ScriptShell, _chunks, is_command_line
     err = err or sys.stderr
-    if not re.search(r"(?m)^[ \t]*\.(?![0-9])", text):  # no meta-command line can be there
+    if not any(is_command_line(line) for line in text.splitlines()):  # the statements alone, in one go
         return _run_statements(con, text, name, params, fmt, out, err, plot)
     from .repl.commands import run_command
-    from .repl.shell import ScriptShell, _chunks
     shell = ScriptShell(con, out, err, params, fmt)
     chunks = list(_chunks(text))
     if not chunks:

@@ -280,6 +280,13 @@ class ScriptShell(Shell):
         return stopped, error
 
 
+def is_command_line(line: str) -> bool:
+    """Whether a line is a meta-command (``.mode csv``) where no statement is open: it starts with
+    '.', not with a number such as ``.5``."""
+    line = line.lstrip()
+    return line.startswith(".") and not line[1:2].isdigit()
+
+
 def _chunks(text: str) -> Iterator[Tuple[str, str, int]]:
     """A script split into ("sql", text, first line) and ("command", line, line) parts: a line
     that starts with '.' where no statement is open is a meta-command. SQL of nothing but
@@ -291,7 +298,7 @@ def _chunks(text: str) -> Iterator[Tuple[str, str, int]]:
         pending = "".join(sql)
         tokens, state = scan(pending)
         is_open = state is not None or (tokens and tokens[-1] != ";")
-        if line.lstrip().startswith(".") and not is_open and not line.lstrip()[1:2].isdigit():
+        if not is_open and is_command_line(line):
             if tokens or state is not None:
                 yield "sql", pending, start
             sql = []
