@@ -170,6 +170,48 @@ def test_a_query_cancelled_before_its_first_row_shows_no_table(con, monkeypatch)
     assert "(0 rows)" not in screen and "┌" not in screen and "Traceback" not in screen
 
 
+def test_ctrl_c_is_not_lost_when_it_lands_in_a_finalizer(con, monkeypatch):
+    """Python drops a KeyboardInterrupt raised inside a finalizer ("Exception ignored in ..."): the
+    shell's own Ctrl-C handler only records the press, so the statement is cancelled at once
+    rather than left to run on (here: until its 20 s wait ends)."""
+    import signal
+    import types
+
+    import relmql.engine
+    import relmql.repl.shell as shell_module
+    from relmql.execute import Cancelled
+    from relmql.repl.shell import Shell
+    started = threading.Event()
+
+    def stuck(plan, models, cancel, *args, **kwargs):
+        started.set()
+        cancel.wait(20)
+        raise Cancelled("the query was cancelled")
+        yield
+
+    class PressedDuringFinalizer:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)  # the handler runs here, inside __del__
+
+    pressed = []
+
+    def sleep(seconds):
+        time.sleep(seconds)
+        if started.is_set() and not pressed:
+            pressed.append(1)
+            PressedDuringFinalizer()  # made and dropped at once
+
+    monkeypatch.setattr(relmql.engine, "run", stuck)
+    monkeypatch.setattr(shell_module, "time", types.SimpleNamespace(sleep=sleep, perf_counter=time.perf_counter))
+    out, err = io.StringIO(), io.StringIO()
+    shell = Shell(con, out, err)
+    t0 = time.perf_counter()
+    assert shell.run_text("SELECT text MATCHING 'a(b|c)';") is False
+    assert time.perf_counter() - t0 < 10
+    assert pressed and err.getvalue() == "cancelled\n"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Python's own handler is back
+
+
 def test_set_show_and_explain_statements(con):
     _, screen = drive(con, "SET topk = 5;\rEXPLAIN SELECT text MATCHING 'a(b|c)';\rSHOW MODELS;\r" + CTRL_D)
     assert "SET topk = 5" in screen

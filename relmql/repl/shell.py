@@ -7,10 +7,12 @@ No prompt_toolkit here: ``Shell`` reads nothing, it is handed text (by ``run_rep
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 import threading
 import time
-from typing import IO, Iterator, List, Optional, Tuple
+from typing import IO, Callable, Iterator, List, Optional, Tuple
 
 from ..errors import Error
 from .commands import run_command
@@ -18,6 +20,22 @@ from .commands import run_command
 __all__ = ["Shell", "ScriptShell"]
 
 _MAX_READ_DEPTH = 16
+
+
+@contextlib.contextmanager
+def _interrupts(record: Callable[[int], None]):
+    """Ctrl-C (SIGINT) calls ``record`` instead of raising KeyboardInterrupt, while in the block.
+    A raised KeyboardInterrupt can be lost: when the handler runs inside a finalizer or a
+    weakref callback of the main thread, Python prints it as ignored and goes on. Only the main
+    thread can set a handler; elsewhere Python's own stays."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, lambda signum, frame: record(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 class _Ticket:
@@ -203,9 +221,9 @@ class Shell:
             self.say(f"model: {self.con.settings['model']}")
 
     def background(self, job) -> Tuple[bool, Optional[BaseException]]:
-        """Run ``job(ticket)`` in a worker thread while this thread waits; Ctrl-C (a
-        KeyboardInterrupt here) cancels it, then waits for the worker to stop at its next model
-        call. Returns (cancelled, the exception the job raised or None)."""
+        """Run ``job(ticket)`` in a worker thread while this thread waits; Ctrl-C cancels it, then
+        waits for the worker to stop at its next model call. Returns (cancelled, the exception the
+        job raised or None)."""
         ticket = _Ticket()
         box: List[BaseException] = []
         finished = threading.Event()
@@ -219,16 +237,23 @@ class Shell:
                 finished.set()
 
         worker = threading.Thread(target=target, name="relmql-statement", daemon=True)
-        worker.start()
-        # Poll with sleep, not Thread.join: a KeyboardInterrupt inside join() can mark a running
-        # thread as stopped (CPython gh-90882), and the worker would outlive the statement.
-        while not finished.is_set():
-            try:
-                time.sleep(0.02)
-            except KeyboardInterrupt:
-                if ticket.stopped:
-                    self.warn("cancelling: waiting for the current model call to end")
-                ticket.cancel()
+        presses: List[int] = []
+        with _interrupts(presses.append):
+            worker.start()
+            seen = 0
+            # Poll with sleep, not Thread.join: the handler runs only when this thread runs Python
+            # code, and a KeyboardInterrupt inside join() can mark a running thread as stopped
+            # (CPython gh-90882), so that the worker would outlive the statement.
+            while not finished.is_set():
+                try:
+                    time.sleep(0.02)
+                except KeyboardInterrupt:  # raised by other means than Ctrl-C (or on an old handler)
+                    presses.append(signal.SIGINT)
+                if len(presses) > seen:
+                    if seen:
+                        self.warn("cancelling: waiting for the current model call to end")
+                    seen = len(presses)
+                    ticket.cancel()
         worker.join()
         return ticket.stopped, (box[0] if box else None)
 
