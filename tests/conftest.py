@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import gc
 import itertools
+import os
 import re
 from typing import Dict, Iterable, List, Tuple
 
 import pytest
 
 from relmql.automata.language import LanguageSpec, compile_language
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (``-n N``), each worker's torch takes its share of the cores: N workers
+    of as many threads as cores would each wait on the others' threads."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        import torch
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
 
 
 @pytest.fixture(autouse=True)
