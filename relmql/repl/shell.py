@@ -35,7 +35,8 @@ def _interrupts(record: Callable[[int], None]):
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
+        # None: a handler set outside Python, which cannot be put back; Python's own instead
+        signal.signal(signal.SIGINT, old if old is not None else signal.default_int_handler)
 
 
 class _Ticket:
