@@ -248,7 +248,7 @@ class Shell:
             while not finished.is_set():
                 try:
                     time.sleep(0.02)
-                except KeyboardInterrupt:  # raised by other means than Ctrl-C (or on an old handler)
+                except KeyboardInterrupt:  # not from Ctrl-C (the handler above records it): code that raised one
                     presses.append(signal.SIGINT)
                 if len(presses) > seen:
                     if seen:
