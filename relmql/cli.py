@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import sys
@@ -227,6 +228,7 @@ def _run_statements(con, text: str, name: str, params, fmt: str, out: IO[str], e
     """``run_script`` for statements alone; with ``shell`` (a script's meta-command state), its
     explain and timer switches apply, and each query's result is kept for ``.plot``."""
     from .output import started, write
+    from .records import Cancelled
     from .syntax import ast as A
     from .syntax import parse
     try:
@@ -238,57 +240,100 @@ def _run_statements(con, text: str, name: str, params, fmt: str, out: IO[str], e
         print(f"note: {name} has no statements", file=err)
     first = shell.first if shell is not None else True
     ahead: Dict[int, object] = {}
-    for i, st in enumerate(statements):
-        result = None
-        began = time.perf_counter()
-        try:
-            result = ahead.pop(i, None)
-            if isinstance(result, Error):
-                raise result
-            if result is None:
-                result = con._statement(st, text, params)
-            if result.kind == "rows" and con.settings["engine"] == "ray":
-                result.start()
-                _start_ahead(con, statements, i, text, params, ahead)
-            if result.kind == "status":
+    running: List[object] = []  # the query being read, cancelled by Ctrl-C
+    with _ctrl_c(running) as pressed:
+        for i, st in enumerate(statements):
+            result = None
+            began = time.perf_counter()
+            try:
+                if pressed:  # Ctrl-C whose KeyboardInterrupt was lost between two statements
+                    raise KeyboardInterrupt
+                result = ahead.pop(i, None)
+                if isinstance(result, Error):
+                    raise result
+                if result is None:
+                    result = con._statement(st, text, params)
+                running[:] = [result]
+                if result.kind == "rows" and con.settings["engine"] == "ray":
+                    result.start()
+                    _start_ahead(con, statements, i, text, params, ahead)
+                if result.kind == "status":
+                    _timer(shell, began, err)
+                    continue
+                if shell is not None and shell.explain and result.kind == "rows":
+                    print(result.explain() + "\n", file=err)
+                rows = started(result)  # an error before the first row leaves no separator, header or empty table
+                if fmt == "table" and not first:
+                    out.write("\n")
+                first = False
+                if shell is not None:
+                    shell.first = False
+                if result.kind == "text" and fmt == "table":
+                    for (line,) in rows:
+                        out.write(line + "\n")
+                    _timer(shell, began, err)
+                    continue
+                write(result.columns, rows, fmt, out, stream=fmt == "table" and out.isatty(), kinds=result.kinds)
+                if result.test_plan is not None:  # beside machine formats, on stderr
+                    print(result.test.summary(), file=out if fmt == "table" else err)
+                if plot is not None and isinstance(st, A.Query) and result.kind == "rows":
+                    plot(result, err)
+                if shell is not None and result.kind == "rows":
+                    shell.last_result = result
                 _timer(shell, began, err)
-                continue
-            if shell is not None and shell.explain and result.kind == "rows":
-                print(result.explain() + "\n", file=err)
-            rows = started(result)  # an error before the first row leaves no separator, header or empty table
-            if fmt == "table" and not first:
-                out.write("\n")
-            first = False
-            if shell is not None:
-                shell.first = False
-            if result.kind == "text" and fmt == "table":
-                for (line,) in rows:
-                    out.write(line + "\n")
-                _timer(shell, began, err)
-                continue
-            write(result.columns, rows, fmt, out, stream=fmt == "table" and out.isatty(), kinds=result.kinds)
-            if result.test_plan is not None:  # beside machine formats, on stderr
-                print(result.test.summary(), file=out if fmt == "table" else err)
-            if plot is not None and isinstance(st, A.Query) and result.kind == "rows":
-                plot(result, err)
-            if shell is not None and result.kind == "rows":
-                shell.last_result = result
-            _timer(shell, began, err)
-        except Error as e:
-            print(e.render(_origin(name)), file=err)
-            _cancel(ahead)
-            return EXIT_ERROR
-        except KeyboardInterrupt:
-            if result is not None:
-                result.cancel()
-            _cancel(ahead)
+            except Error as e:
+                _cancel(ahead)
+                if isinstance(e, Cancelled) and pressed:  # Ctrl-C, its KeyboardInterrupt lost: see _ctrl_c
+                    print("cancelled", file=err)
+                    return EXIT_CANCELLED
+                print(e.render(_origin(name)), file=err)
+                return EXIT_ERROR
+            except KeyboardInterrupt:
+                if result is not None:
+                    result.cancel()
+                _cancel(ahead)
+                print("cancelled", file=err)
+                return EXIT_CANCELLED
+            except BrokenPipeError:
+                _quiet_pipe()
+                _cancel(ahead)
+                return 0
+        if pressed:
             print("cancelled", file=err)
             return EXIT_CANCELLED
-        except BrokenPipeError:
-            _quiet_pipe()
-            _cancel(ahead)
-            return 0
-    return 0
+        return 0
+
+
+@contextlib.contextmanager
+def _ctrl_c(running: List[object]):
+    """While a script's statements run in the main thread, Ctrl-C raises KeyboardInterrupt as
+    ever and also cancels the queries in ``running``, so that a query stops at its next model
+    call even where the KeyboardInterrupt is lost: raised inside a finalizer or a weakref callback,
+    Python prints it as ignored and goes on (here it is not printed; the press is kept). Yields
+    the list of presses. Where SIGINT is not Python's own handler (ignored in a background job,
+    or set by a program that runs scripts), nothing changes."""
+    import signal
+    from .repl.shell import _interrupts
+    pressed: List[int] = []
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield pressed
+        return
+
+    def press(signum: int) -> None:
+        pressed.append(signum)
+        for r in running:
+            r.cancel()
+        raise KeyboardInterrupt
+
+    def unraisable(u) -> None:
+        if not (pressed and issubclass(u.exc_type, KeyboardInterrupt)):
+            hook(u)
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable
+    try:
+        with _interrupts(press):
+            yield pressed
+    finally:
+        sys.unraisablehook = hook
 
 
 def _timer(shell, began: float, err: IO[str]) -> None:

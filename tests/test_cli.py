@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -419,6 +420,38 @@ def test_cancelled_before_the_first_row_writes_nothing(monkeypatch, fmt):
     code, out, err = run_on_terminal(monkeypatch, "--format", fmt, "-c", "SELECT text MATCHING 'a(b|c)';")
     assert (code, out, err) == (130, "", "cancelled\n")
 
+
+
+def test_ctrl_c_is_not_lost_when_it_lands_in_a_finalizer(monkeypatch):
+    """Python drops a KeyboardInterrupt raised inside a finalizer ("Exception ignored in ..."); a
+    script's query is then cancelled too, so it stops at once (here: rather than at the end of its
+    20 s wait) and the script ends as Ctrl-C ends it, with nothing printed about the lost one."""
+    import signal
+
+    import relmql.engine
+    from relmql.records import Cancelled
+
+    class PressedDuringFinalizer:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)  # the handler runs here, inside __del__
+
+    def stuck(plan, models, cancel, *args, **kwargs):
+        PressedDuringFinalizer()  # made and dropped at once
+        cancel.wait(20)
+        raise Cancelled("the query was cancelled")
+        yield
+
+    monkeypatch.setattr(relmql.engine, "run", stuck)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # a test worker may ignore SIGINT
+    try:
+        t0 = time.perf_counter()
+        code, out, err = run_on_terminal(monkeypatch, "-c", "SELECT text MATCHING 'a(b|c)';",
+                                         "-c", "SELECT text MATCHING 'd';")
+        assert time.perf_counter() - t0 < 10
+        assert signal.signal(signal.SIGINT, before) is signal.default_int_handler  # put back
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert (code, out, err) == (130, "", "cancelled\n")
 
 def test_a_failing_second_query_adds_nothing_after_the_first_table(monkeypatch):
     code, out, err = run_on_terminal(monkeypatch, "-c", "SELECT text MATCHING 'a(b|c)';", "-c", BAD_REGEX)

@@ -24,7 +24,8 @@ _MAX_READ_DEPTH = 16
 
 @contextlib.contextmanager
 def _interrupts(record: Callable[[int], None]):
-    """Ctrl-C (SIGINT) calls ``record`` instead of raising KeyboardInterrupt, while in the block.
+    """Ctrl-C (SIGINT) calls ``record`` instead of raising KeyboardInterrupt (unless ``record``
+    raises it), while in the block.
     A raised KeyboardInterrupt can be lost: when the handler runs inside a finalizer or a
     weakref callback of the main thread, Python prints it as ignored and goes on. Only the main
     thread can set a handler; elsewhere Python's own stays."""
