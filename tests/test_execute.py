@@ -4,6 +4,7 @@ rankings, and the exact distributions for sampling."""
 from __future__ import annotations
 
 import math
+import re
 import threading
 from collections import Counter
 
@@ -465,6 +466,23 @@ def test_exact_sampling_gives_up_on_improbable_languages(tiny):
     with pytest.raises(ExecutionError, match="too improbable"):
         list(execute(ta, tiny, Sample(2, mode="exact", max_draws=50)))
 
+
+
+@pytest.mark.parametrize("using, hint", [
+    ("sampling exact", "use the local sampling mode"),
+    ("topk 1", "topk kept none of the tokens the language allows"),  # 'zq' is never among the top one
+    ("max_tokens 2", "raise max_tokens"),  # the language's strings are longer
+])
+def test_a_sampler_that_gives_up_says_what_to_change(con, using, hint):
+    from relmql.errors import Error
+    with pytest.raises(Error) as got:
+        con.sql(f"SELECT text MATCHING 'zq[0-9]{{6}}' USING {using}, max_draws 30 SAMPLE 2").fetchall()
+    e = got.value
+    assert e.kind == "execution error"
+    draws = int(re.search(r"gave up after ([0-9,]+) draws", str(e)).group(1))
+    assert 30 < draws <= 30 + 64  # USING max_draws is the budget (walkers may begin a batch's draws past it)
+    assert hint in e.hint and "max_draws" in e.hint
+    assert ("local sampling mode" in e.hint) == (using == "sampling exact")
 
 @pytest.mark.parametrize("vocab", [49152, 50257, 1000])
 def test_blockwise_top_values_equal_torch_topk(vocab):

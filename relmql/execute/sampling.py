@@ -194,9 +194,7 @@ class Sampler:
         while True:
             if stats.draws > self.max_draws:
                 raise ExecutionError(f"sampling gave up after {stats.draws:,} draws for {self.next_out:,} samples: "
-                                     "the language is too improbable for this sampler",
-                                     hint="use the local sampling mode, lower top-k/top-p, "
-                                          "or raise the draw budget (max_draws)")
+                                     "the language is too improbable for this sampler", hint=self.give_up_hint())
             what, arg = self.draw(w)
             if what == "token":
                 return True
@@ -217,6 +215,19 @@ class Sampler:
                 self.waiting.append(w)
                 return False
             self.restart(w)
+
+    def give_up_hint(self) -> str:
+        """What to change when the draws run out: rejection redraws whenever the model leaves the
+        language; a local draw fails only where the decoding rules keep none of the tokens the
+        language allows, or where the completion reaches max_tokens."""
+        if self.exact:
+            return "use the local sampling mode (the default), or raise the draw budget (max_draws)"
+        rules = " and ".join(r for r, v in (("topk", self.rules.topk), ("topp", self.rules.topp)) if v is not None)
+        if not rules:
+            return "raise max_tokens (a longer completion fails) or the draw budget (max_draws)"
+        return (f"{rules} kept none of the tokens the language allows at some step of most draws: raise "
+                f"{'it' if ' ' not in rules else 'them'} or drop {'it' if ' ' not in rules else 'them'}; "
+                f"or raise max_tokens or the draw budget (max_draws)")
 
     def advance(self, step: List[_Walker]) -> None:
         """Give every walker that drew a token its new model state: from the cache when already

@@ -136,6 +136,9 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
                "SAMPLE draws: local (renormalized over the language, with importance weights) or exact "
                "(rejection: the model's distribution conditioned on the language)", SAMPLING_MODES),
     OptionSpec("seed", "int", Sample.seed, "traversal", "random seed of SAMPLE", low=0),
+    OptionSpec("max_draws", "int", None, "traversal",
+               "SAMPLE: the most draws (each a completion begun) before the query gives up; default 1000 "
+               "per sample", low=1),
     OptionSpec("exact_limit", "int", EXACT_LIMIT, "traversal",
                "probability(): sum exactly over languages of at most this many token sequences; estimate "
                "larger ones by sampling", low=0),

@@ -239,7 +239,8 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
             n = min(n, push)
         traversal = Sample(n=n, seed=opts["seed"], mode=opts["sampling"], max_tokens=opts["max_tokens"],
                            batch_size=opts["batch_size"] or SAMPLE_BATCH_SIZE,
-                           max_prefix_tokens=opts["max_prefix_tokens"], max_memory=opts["max_memory"])
+                           max_prefix_tokens=opts["max_prefix_tokens"], max_memory=opts["max_memory"],
+                           max_draws=opts["max_draws"])
     else:
         order, why = "prob", None
         if prefix is not None and opts["edits"] and opts["edit_scope"] != "completion":
