@@ -12,7 +12,7 @@ import functools
 import re
 import sys
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .automata import compile
 from .automata.language import levenshtein, nearest, unedited, viable_length
@@ -160,9 +160,12 @@ def match_regex(plan: QueryPlan):
 
 def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event] = None,
                progress: Optional[Callable[[int], None]] = None, stopped: Optional[list] = None,
-               masses: Optional[list] = None, on_total: Optional[Callable[..., None]] = None) -> Iterator[RowEnv]:
+               masses: Optional[list] = None, on_total: Optional[Callable[..., None]] = None,
+               ruled_out: Optional[list] = None) -> Iterator[RowEnv]:
     """The result rows of one query that pass its WHERE, up to its LIMIT. A search that a bound
-    stopped (``Stop``) is warned about on stderr, or appended to ``stopped`` when given. A query that
+    stopped (``Stop``) is warned about on stderr, or appended to ``stopped`` when given; one that
+    found no row because the decoding rules kept no token the language allowed is noted on
+    stderr (``ruled_out_note``), or its plan appended to ``ruled_out`` when given. A query that
     measures its language (probability()) appends how to ``masses`` and tells ``on_total`` how
     many sequences or draws it will read (``progress`` counts them); its rows include rows that
     only count (``row.miss``: a prefix path, a draw that found no string or that WHERE left out),
@@ -208,11 +211,38 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
             stopped.append(stop)
         else:
             print(stop_warning(stop), file=sys.stderr)
+    if stats.ruled_out:
+        if ruled_out is not None:
+            ruled_out.append(plan)
+        else:
+            print(ruled_out_note(plan), file=sys.stderr)
 
 
 def stop_warning(stop: Stop) -> str:
     """The warning of a query that a bound stopped."""
     return f"warning: {stop.message()}"
+
+
+def _rules_words(plan: QueryPlan) -> Tuple[str, str]:
+    rules = [f"{name} {value:g}" for name, value in (("topk", plan.decoding.topk), ("topp", plan.decoding.topp))
+             if value is not None]
+    return " and ".join(rules), "it" if len(rules) == 1 else "them"
+
+
+def ruled_out_note(plan: QueryPlan) -> str:
+    """The note of a query with no row because its decoding rules kept no token that leads on to
+    a string of MATCHING (a search always ends with its language exhausted under the rules)."""
+    rules, it = _rules_words(plan)
+    return (f"note: no rows: {rules} kept none of the tokens MATCHING allows next where the search needed one "
+            f"(raise or drop {it}, or put the text's beginning in PREFIX: the rules apply to the completion only)")
+
+
+def ruled_out_rows_note(plans: List[QueryPlan], rows: int) -> str:
+    """The note of a dataset query some of whose ``rows`` data rows have no row for that reason."""
+    rules, it = _rules_words(plans[0])
+    return (f"note: {len(plans):,} of {rows:,} data rows have no rows: {rules} kept none of the tokens "
+            f"MATCHING allows next where the search needed one (raise or drop {it}, or put the text's "
+            f"beginning in PREFIX)")
 
 
 def stopped_rows_warning(stopped: List[Stop], rows: int) -> str:
@@ -434,13 +464,14 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total,
     if on_total is not None:
         on_total(len(selected))
     before_stops = len(stopped)
+    ruled: List[QueryPlan] = []
     for data in selected:
         if cancel is not None and cancel.is_set():
             raise Cancelled("the query was cancelled")
         qplan = plan_row(plan, data)
         found = False
         before = len(masses)
-        for env in query_rows(qplan, models, cancel, stopped=stopped, masses=masses):
+        for env in query_rows(qplan, models, cancel, stopped=stopped, masses=masses, ruled_out=ruled):
             found = True
             yield env
         if not found and len(masses) == before:  # the row still counts: one row of NULL results (as a LEFT
@@ -449,7 +480,9 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total,
             progress(1)
     if len(stopped) > before_stops:
         print(stopped_rows_warning(stopped[before_stops:], len(selected)), file=sys.stderr)
+    if ruled:
+        print(ruled_out_rows_note(ruled, len(selected)), file=sys.stderr)
 
 
 __all__ = ["run", "query_rows", "compile_plan", "load", "RowEnv", "match_regex", "stop_warning",
-           "stopped_rows_warning"]
+           "stopped_rows_warning", "ruled_out_note", "ruled_out_rows_note"]

@@ -484,6 +484,24 @@ def test_a_sampler_that_gives_up_says_what_to_change(con, using, hint):
     assert hint in e.hint and "max_draws" in e.hint
     assert ("local sampling mode" in e.hint) == (using == "sampling exact")
 
+
+def test_a_search_that_the_rules_leave_without_a_row_says_so(tiny):
+    """``ruled_out``: no row because top-k kept none of the tokens the language allows next. The
+    oracle: the two most probable first tokens, read from the model itself, begin no string."""
+    ta = compile("zq(a|b)", tiny.vocabulary)
+    stats = SearchStats()
+    assert list(execute(ta, tiny, ShortestPath(), Decoding(topk=2), stats=stats)) == []
+    first = torch.topk(tiny.extend([None], [[]])[0].logprobs, 2).indices.tolist()
+    assert not any(tiny.vocabulary.tokens[t].startswith(b"z") for t in first)
+    assert stats.ruled_out and stats.stop is None
+    # rules that keep every token, the strings cut by max_tokens instead: no row, not the rules' doing
+    stats = SearchStats()
+    every = Decoding(topk=len(tiny.vocabulary))
+    assert list(execute(ta, tiny, ShortestPath(max_tokens=1), every, stats=stats)) == []
+    assert not stats.ruled_out
+    stats = SearchStats()  # a row found: nothing to say
+    assert len(list(execute(ta, tiny, ShortestPath(), every, stats=stats))) == 2 and not stats.ruled_out
+
 @pytest.mark.parametrize("vocab", [49152, 50257, 1000])
 def test_blockwise_top_values_equal_torch_topk(vocab):
     """decoding.top: the k largest values of each row exactly, and indices that hold them, on

@@ -422,6 +422,24 @@ def test_dataset_is_one_query_per_row(con, jsonl):
     assert got[0][3] is not None and got[0][2] in ("sat", "ran", "flew")
 
 
+def test_no_row_because_of_the_rules_is_noted(con, jsonl, capsys):
+    """A search with no row because top-k kept none of the tokens the language allows next says
+    so once on stderr, with what to change; a dataset query once for all its data rows."""
+    assert rows(con, "SELECT text MATCHING 'zq(a|b)' USING topk 2") == []
+    err = capsys.readouterr().err
+    assert err == ("note: no rows: topk 2 kept none of the tokens MATCHING allows next where the search needed "
+                   "one (raise or drop it, or put the text's beginning in PREFIX: the rules apply to the "
+                   "completion only)\n")
+    assert len(rows(con, "SELECT text MATCHING 'zq(a|b)' PREFIX 'zq'")) == 2 and capsys.readouterr().err == ""
+    # datasets: without the rules every data row has rows; top-1 keeps none of ' sat', ' ran', ' flew'
+    query = (f"SELECT :row_number AS n, text MATCHING escape(:q) || ' (sat|ran|flew)' PREFIX escape(:q) "
+             f"{{}} FOR EACH ROW IN '{jsonl}'")
+    assert all(text is not None for _, text in rows(con, query.format(""))) and capsys.readouterr().err == ""
+    assert rows(con, query.format("USING topk 1")) == [(n, None) for n in range(1, 5)]
+    assert capsys.readouterr().err == ("note: 4 of 4 data rows have no rows: topk 1 kept none of the tokens "
+                                       "MATCHING allows next where the search needed one (raise or drop it, or "
+                                       "put the text's beginning in PREFIX)\n")
+
 def test_dataset_where_and_limit_select_rows(con, jsonl):
     got = rows(con, f"{PER_ROW} FOR EACH ROW IN '{jsonl}' WHERE :row_number <> 2")
     assert got == by_hand(con, PER_ROW, DATA, lambda i: i != 2)

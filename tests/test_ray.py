@@ -84,11 +84,21 @@ def test_seeded_samples_and_aggregates_match(local, remote, data):
     assert sum(r[1] for r in got) == 25 * len(ANIMALS) and got == want
 
 
-def test_rows_without_results_still_count(local, remote, data):
-    # 'zz' never follows under top-k 5: each data row gives one row of NULLs, as in-process
+def test_rows_without_results_still_count(local, remote, data, capsys):
+    # 'zz' never follows under top-k 5: each data row gives one row of NULLs, as in-process, and
+    # one note says why, for all of them; a single query, its own
     sql = f"SELECT :animal AS animal, text MATCHING 'The ' || :animal || ' zz' USING topk 5 FOR EACH ROW IN '{data}'"
-    want, got = both(local, remote, sql)
-    assert got == want == [(a, None) for a in ANIMALS]
+    notes = []
+    for con in (local, remote):
+        assert con.sql(sql).fetchall() == [(a, None) for a in ANIMALS]
+        assert con.sql("SELECT text MATCHING 'The zz' USING topk 5").fetchall() == []
+        notes.append("".join(line for line in capsys.readouterr().err.splitlines(True)
+                             if not line.startswith("ray: ")))  # the workers starting, the first time
+    assert notes[0] == notes[1] == (
+        f"note: {len(ANIMALS)} of {len(ANIMALS)} data rows have no rows: topk 5 kept none of the tokens MATCHING "
+        "allows next where the search needed one (raise or drop it, or put the text's beginning in PREFIX)\n"
+        "note: no rows: topk 5 kept none of the tokens MATCHING allows next where the search needed one (raise "
+        "or drop it, or put the text's beginning in PREFIX: the rules apply to the completion only)\n")
 
 
 def test_single_query_runs_on_a_worker(local, remote):

@@ -46,6 +46,7 @@ CHILD, RESULT, MORE = 0, 1, 2  # kinds of queue entries (see ShortestPathSearch)
 KID = np.dtype([("token", np.int64), ("state", np.int64), ("prefix", bool), ("raw", np.float64),
                 ("rule", np.float64), ("tier", np.int8), ("val", np.float64)])
 ONE_SORT = 1 << 16  # up to this many children in a batch are sorted at once, more node by node
+BARE = 64  # nodes left with no child that a search with no row looks at again (ShortestPathSearch._bare)
 
 
 class _Node:
@@ -75,13 +76,15 @@ class _Node:
 class SearchStats:
     """Nodes expanded (each costs the model one token: the start-of-text token for the root),
     how many of them were prefix nodes, rows released, the most bytes the search held in its
-    queue and stored children (estimated before each model call), and the ``Stop`` when a bound
-    ended the search with the language not exhausted."""
+    queue and stored children (estimated before each model call), the ``Stop`` when a bound
+    ended the search with the language not exhausted, and ``ruled_out``: the search ended with no
+    row where the decoding rules kept none of the tokens the language allowed next."""
     expanded: int = 0
     prefix: int = 0
     rows: int = 0
     held: int = 0
     stop: Optional[Stop] = None
+    ruled_out: bool = False
 
     @property
     def stopped(self) -> bool:
@@ -141,6 +144,7 @@ class ShortestPathSearch:
         self._tie = itertools.count()
         self._finals: dict = {}     # state -> automaton.final_edits(state)
         self._continues: dict = {}  # state -> whether a token can follow it
+        self._bare: list = []       # states of expanded nodes left with no child (the first BARE)
 
     def rows(self, cancel: Optional[threading.Event] = None) -> Iterator[Row]:
         """The rows in order, until the language is exhausted, the limit is reached or a bound
@@ -160,6 +164,11 @@ class ShortestPathSearch:
                     self.stats.stop = stop  # a budget, not an order: rows released so far are exact
                     return
                 self.expand()
+        if not self.found and self.rules.truncates:
+            # the language is exhausted under the rules: say whether they are why there is no row
+            # (a state with a completion arc that no kept token took; BPE's rules may leave a
+            # canonical state that the byte automaton reads on from with none)
+            self.stats.ruled_out = any(bool((~self.automaton.arcs(s).prefix).any()) for s in self._bare)
 
     def fill(self, cancel: Optional[threading.Event] = None) -> Generator[Row, None, bool]:
         """Take entries from the queue until the batch is full: release the results nothing in the
@@ -418,6 +427,9 @@ class ShortestPathSearch:
         first = np.cumsum(count) - count
         one_sort = len(kids) <= ONE_SORT
         chunks = np.array(chunks)
+        if not self.found and len(self._bare) < BARE:
+            bare = np.flatnonzero((count == 0) & comp_ok & (chunks == 0))[:BARE - len(self._bare)]
+            self._bare.extend(states[i] for i in bare.tolist())
         starts = first + chunks  # where each node's stored children begin
         if one_sort:  # one sort for the batch: by node, then key (stable: ties keep arc order)
             kids = kids[np.lexsort((kids["val"], kids["tier"], r))]
