@@ -326,7 +326,7 @@ def test_dash_c_errors_have_a_caret_without_a_file_name(capsys):
     (["no/such/file.rql"], "cannot read no/such/file.rql"),
     (["-c", "SELECT text MATCHING 'a' FOR EACH ROW IN 'no/such/rows.jsonl';"], "no data file"),
     (["-c", "SELECT text MATCHING '(a)\\1';"], "back-references"),
-    (["-c", "SET topk = 'x';"], "topk is a number"),
+    (["-c", "SET topk = 'x';"], "topk is a whole number"),
 ])
 def test_errors_exit_1_without_a_traceback(capsys, args, words):
     code = main(["--no-progress", *args]) if args[0] == "--model" else main([*TINY, *args])
@@ -580,6 +580,24 @@ def test_ctrl_c_while_reading_standard_input(capsys, monkeypatch):
     code, out, err = run(capsys)
     assert (code, out, err) == (130, "", "cancelled\n")
 
+
+def test_csv_writes_booleans_and_nulls_as_the_other_formats_do(capsys):
+    query = "SELECT text, prob > 0 AS likely, prob < 0 AS never, NULL AS nothing MATCHING 'a(b|c)';"
+    code, out, _ = run(capsys, "--format", "csv", "-c", query)
+    got = list(csv.reader(io.StringIO(out)))
+    assert code == 0 and got[0] == ["text", "likely", "never", "nothing"]
+    assert sorted(got[1:]) == [["ab", "true", "false", ""], ["ac", "true", "false", ""]]
+    code, out, _ = run(capsys, "--format", "jsonl", "-c", query)
+    assert [json.loads(line)["likely"] for line in out.splitlines()] == [True, True]
+
+def test_a_read_that_reads_itself_stops_the_script(capsys, tmp_path):
+    loop = tmp_path / "loop.rql"
+    loop.write_text(f".read {loop}\n", encoding="utf-8")
+    script = tmp_path / "script.rql"
+    script.write_text(f".read {loop}\nSELECT 'after' AS f MATCHING 'a';\n", encoding="utf-8")
+    code, out, err = run(capsys, "--format", "jsonl", str(script))
+    assert code == 1 and out == "" and "after" not in out
+    assert err == f"{loop}:1: error: .read nested more than 16 deep (does {loop} read itself?)\n"
 
 def test_ctrl_c_in_a_scripts_read_stops_the_script(capsys, monkeypatch, tmp_path):
     """In the shell Ctrl-C cancels the statement and the shell goes on; in a script it stops the

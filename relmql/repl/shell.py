@@ -301,6 +301,11 @@ class ScriptShell(Shell):
         self.failed = True
         super().report(e, name)
 
+    def run_text(self, text: str, name: Optional[str] = None) -> bool:
+        ok = super().run_text(text, name)
+        self.failed |= not ok  # a meta-command that failed inside a .read file says so itself
+        return ok
+
     def background(self, job) -> Tuple[bool, Optional[BaseException]]:
         stopped, error = super().background(job)
         self.cancelled |= stopped
