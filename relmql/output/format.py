@@ -214,8 +214,7 @@ def write(columns: Sequence[str], rows: Iterable[tuple], fmt: str, out: IO[str],
         w = csv.writer(out, lineterminator="\n")
         w.writerow(columns)
         for r in rows:
-            w.writerow([json.dumps(list(v)) if isinstance(v, (list, tuple)) else
-                        ("" if v is None else v) for v in r])
+            w.writerow([_csv_cell(v) for v in r])
             out.flush()
             n += 1
         return n
@@ -235,3 +234,12 @@ def write(columns: Sequence[str], rows: Iterable[tuple], fmt: str, out: IO[str],
         out.write("\n]\n" if n else "]\n")
         return n
     raise ValueError(f"unknown format {fmt!r}; use {', '.join(FORMATS)}")
+
+
+def _csv_cell(v):
+    """A CSV cell: lists as JSON, NULL empty, booleans as the table and JSON write them."""
+    if isinstance(v, (list, tuple)):
+        return json.dumps(list(v))
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return "" if v is None else v
