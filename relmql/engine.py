@@ -21,7 +21,7 @@ from .execute import Mass, Row, SearchStats, execute, measure
 from .models import LanguageModel
 from .plan import DatasetPlan, ModelRef, Plan, QueryPlan, evaluate, plan_row, selected_rows
 from .plan.expr import Env
-from .plan.options import PlanError
+from .plan.options import PlanError, shown
 from .records import COLUMNS, COMPUTED_COLUMNS, Cancelled, Measure, Sample, Stop
 from .stats import Estimate, probability, sort_key
 from .syntax import ast as A
@@ -73,10 +73,11 @@ class RowEnv(Env):
                 if self._match is None and self.row.edits:
                     self._match = unedited_match(self.plan.matching, self.row.text, self.row.edits)
         if isinstance(key, bool) or not isinstance(key, (int, str)):
-            raise PlanError(f"group() takes a group number or name, not {key!r}", node.span, self.plan.source)
+            raise PlanError(f"group() takes a group number or name, not {shown(key)}", node.span, self.plan.source)
         if isinstance(key, int) and not 0 <= key <= (self._regex.groups if self._regex else 0):
-            raise PlanError(f"MATCHING has {self._regex.groups if self._regex else 0} groups; there is no "
-                            f"group {key}", node.span, self.plan.source)
+            n = self._regex.groups if self._regex else 0
+            raise PlanError(f"MATCHING has {n} group{'' if n == 1 else 's'}; there is no group {key}", node.span,
+                            self.plan.source)
         if isinstance(key, str) and (self._regex is None or key not in self._regex.groupindex):
             raise PlanError(f"MATCHING has no group named {key!r}", node.span, self.plan.source)
         if self._match is None:

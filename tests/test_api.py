@@ -213,7 +213,7 @@ def test_connect_takes_options_as_keywords(con):
 
 @pytest.mark.parametrize("options, words", [
     ({"topq": 5}, "unknown option 'topq'; did you mean topp?"),
-    ({"topk": "x"}, "topk is a number"),
+    ({"topk": "x"}, "topk is a whole number"),
     ({"topk": 0}, "topk must be at least 1"),
     ({"tokenization": "some"}, "tokenization is one of canonical, all"),
     ({"dtype": "float8"}, "dtype is one of"),

@@ -4,7 +4,6 @@ rankings, and the exact distributions for sampling."""
 from __future__ import annotations
 
 import math
-import re
 import threading
 from collections import Counter
 
@@ -478,9 +477,7 @@ def test_a_sampler_that_gives_up_says_what_to_change(con, using, hint):
     with pytest.raises(Error) as got:
         con.sql(f"SELECT text MATCHING 'zq[0-9]{{6}}' USING {using}, max_draws 30 SAMPLE 2").fetchall()
     e = got.value
-    assert e.kind == "execution error"
-    draws = int(re.search(r"gave up after ([0-9,]+) draws", str(e)).group(1))
-    assert 30 < draws <= 30 + 64  # USING max_draws is the budget (walkers may begin a batch's draws past it)
+    assert e.kind == "execution error" and "gave up after 30 draws" in str(e)  # USING max_draws: the budget
     assert hint in e.hint and "max_draws" in e.hint
     assert ("local sampling mode" in e.hint) == (using == "sampling exact")
 

@@ -512,7 +512,7 @@ BAD = [
     ("SELECT text MATCHING 'a' PREFIX 'b'", CompileError, "b", "no string of MATCHING starts with"),
     ("SELECT text MATCHING 'a' FOR EACH ROW IN 'no/such/file.jsonl'", PlanError, "'no/such/file.jsonl'",
      "no data file"),
-    ("SELECT text MATCHING 'a' USING topk 'x'", PlanError, "'x'", "topk is a number"),
+    ("SELECT text MATCHING 'a' USING topk 'x'", PlanError, "'x'", "topk is a whole number"),
     ("SELECT text MATCHING 'a' USING topk 0", PlanError, "0", "at least 1"),
     ("SELECT text MATCHING 'a' USING temperature -1", PlanError, "-1", "more than 0"),
     ("SELECT text MATCHING 'a' USING tokenization some", PlanError, "some", "canonical, all"),
@@ -530,13 +530,18 @@ BAD = [
     ("SELECT text MATCHING 'a' USING dtype 'float16'", PlanError, "dtype", "SET dtype"),
     ("SELECT text MATCHING escape(:y) || '(a|b)'", PlanError, ":y", "parameter :y has no value"),
     ("SELECT text MATCHING 'a' WHERE text = :nope", PlanError, ":nope", "has no value"),
-    ("SELECT text MATCHING '(a)' GROUP BY 3", PlanError, "3", "output columns"),
+    ("SELECT text MATCHING '(a)' GROUP BY 3", PlanError, "3", "there is 1 output column"),
     ("SELECT group(2) MATCHING '(a)'", PlanError, "group(2)", "no group 2"),
     ("SELECT text WHERE prob > 0", PlanError, None, "needs MATCHING"),
     ("SELECT text MATCHING 1 + 2", PlanError, "1 + 2", "must be text"),
     ("SHOW MODLES", PlanError, "MODLES", "SHOW MODLES is not known"),
     ("SET topq = 1", PlanError, "topq", "did you mean topp"),
-    ("SET topk = 'many'", PlanError, "'many'", "topk is a number"),
+    ("SET topk = 'many'", PlanError, "'many'", "topk is a whole number, not 'many'"),
+    ("SELECT length(prob) AS n MATCHING 'a'", PlanError, "prob", "length() expects text or a list here"),
+    ("SELECT ln(-1) AS x MATCHING 'a'", PlanError, "ln(-1)", "the logarithm of a negative number"),
+    ("SELECT round(prob, 'x') AS x MATCHING 'a'", PlanError, "'x'", "round() expects a whole number here"),
+    ("SELECT text MATCHING NULL", PlanError, "NULL", "must be text (a regex), not NULL"),
+    ("SELECT text MATCHING 'a' LIMIT 2.5", PlanError, "2.5", "a whole number of zero or more, not 2.5"),
 ]
 
 
@@ -562,6 +567,14 @@ def test_bad_input_is_a_located_error(con, query, cls, under, words):
     if caret is not None:
         assert caret.index("^") - 2 == start and caret.count("^") == max(1, end - start)
 
+
+def test_numbers_at_the_edges(con):
+    (got,) = rows(con, "SELECT ln(0) AS a, exp(1000) AS b, ln(1) AS c, length('abc') AS d MATCHING 'q'")
+    assert got == (-math.inf, math.inf, 0.0, 3)  # ln(0): an impossible string's log-probability
+    assert len(rows(con, "SELECT text MATCHING 'a(b|c|d)' LIMIT 2e0")) == 2  # a whole number written as a float
+    with pytest.raises(PlanError, match=r"topk is a whole number, not '1\.5'"):  # a parameter's text
+        rows(con, "SELECT text MATCHING 'a' USING topk :k", {"k": "1.5"})
+    assert len(rows(con, "SELECT text MATCHING 'a(b|c|d)' PREFIX 'a' USING topk :k", {"k": "50000"})) == 3
 
 def test_regex_error_span_inside_a_computed_regex_is_the_expression(con):
     query = "SELECT text MATCHING escape(:x) || '(a'"

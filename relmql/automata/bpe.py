@@ -21,13 +21,16 @@ import functools
 import hashlib
 import heapq
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..cache import cached_arrays
 from ..errors import ModelError
 from ..models.vocab import BYTE_LEVEL, SENTENCEPIECE, Vocabulary, bytes_to_unicode
+
+if TYPE_CHECKING:
+    from .charset import CodepointSet
 
 INF = np.iinfo(np.int64).max
 Chain = Tuple[Tuple[int, int, int], ...]  # ((token, born, absorbed), ...)
@@ -231,7 +234,7 @@ class PairTable:
         return all(len(k) == 1 or all(c in self.char_unit or c == "\u2581" for c in k)
                    for k, v in piece_id.items() if v not in high)
 
-    def known(self) -> "CodepointSet":
+    def known(self) -> CodepointSet:
         """The characters a SentencePiece vocabulary has as units, and every ASCII character
         (the rest are spelt with several byte-fallback tokens)."""
         from .charset import CodepointSet

@@ -193,7 +193,7 @@ class Sampler:
         opts, stats = self.opts, self.stats
         while True:
             if stats.draws > self.max_draws:
-                raise ExecutionError(f"sampling gave up after {stats.draws:,} draws for {self.next_out:,} samples: "
+                raise ExecutionError(f"sampling gave up after {self.max_draws:,} draws for {self.next_out:,} samples: "
                                      "the language is too improbable for this sampler", hint=self.give_up_hint())
             what, arg = self.draw(w)
             if what == "token":

@@ -51,8 +51,10 @@ def _lines(path: str) -> list:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ValueError(f"no file {path!r} (relative paths start at {Path.cwd()})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read {path!r}: {e}") from None
+    except OSError as e:
+        raise ValueError(f"cannot read {path!r}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"cannot read {path!r}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 
@@ -74,6 +76,19 @@ def _regexp_extract(s: str, pattern: str, group=0):
 
 def _round(x, n=0):
     return round(x, int(n)) if n else float(round(x))
+
+
+def _exp(x: float) -> float:
+    try:
+        return math.exp(x)
+    except OverflowError:  # past the largest float, as float arithmetic gives
+        return math.inf
+
+
+def _ln(x: float) -> float:
+    if x < 0:
+        raise ValueError(f"the logarithm of a negative number ({x!r}) is undefined")
+    return math.log(x) if x > 0 else -math.inf  # ln(0): the log-probability of an impossible string
 
 
 @dataclass(frozen=True)
@@ -109,10 +124,10 @@ FUNCTIONS: Dict[str, Function] = {f.name: f for f in (
     _f("lower", str.lower, ("text",), "lower case"),
     _f("upper", str.upper, ("text",), "upper case"),
     _f("trim", str.strip, ("text",), "without leading and trailing whitespace"),
-    _f("length", len, ("any",), "characters of a text, items of a list or tokens", kind="number"),
+    _f("length", len, ("sized",), "characters of a text, items of a list or tokens", kind="number"),
     _f("round", _round, ("number", "int"), "a number rounded to n decimals", optional=1, kind="number"),
-    _f("exp", math.exp, ("number",), "e to the power x", kind="number"),
-    _f("ln", lambda x: math.log(x) if x > 0 else -math.inf, ("number",), "the natural logarithm", kind="number"),
+    _f("exp", _exp, ("number",), "e to the power x", kind="number"),
+    _f("ln", _ln, ("number",), "the natural logarithm (of 0: -inf)", kind="number"),
     _f("abs", abs, ("number",), "the absolute value", kind="number"),
     _f("ci_low", lambda x: stats.ci_bound(x, "low"), ("number",),
        "the lower end of probability()'s interval (the value itself when exact)", kind="number"),
@@ -196,9 +211,16 @@ def _type_ok(kind: str, value) -> bool:
         return isinstance(value, str)
     if kind == "list":
         return isinstance(value, (list, tuple))
-    if kind == "int":
-        return isinstance(value, (int, str)) and not isinstance(value, bool)
+    if kind == "sized":
+        return isinstance(value, (str, list, tuple))
+    if kind == "int":  # a parameter's text too
+        return (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, str) and value.strip().lstrip("+-").isdigit())
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_TYPE_WORDS = {"text": "text", "list": "a list", "sized": "text or a list", "int": "a whole number",
+               "number": "a number"}
 
 
 _COMPARE = {"=": operator.eq, "<>": operator.ne, "<": operator.lt, ">": operator.gt, "<=": operator.le,
@@ -319,7 +341,7 @@ def _call(node: A.Call, env: Env):
         return None
     for a, v, kind in zip(node.args, args, fn.types):
         if not _type_ok(kind, v):
-            raise PlanError(f"{name}() expects {kind if kind != 'int' else 'a whole number'} here, "
+            raise PlanError(f"{name}() expects {_TYPE_WORDS.get(kind, kind)} here, "
                             f"got {_kind(v)} ({v!r})", a.span)
     try:
         return fn.impl(*args)

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 from ..errors import Error, closest
+from ..syntax import ast as A
+from ..syntax.unparse import unparse
 from ..memory import DEFAULT_MAX_MEMORY, format_size, parse_size
 from ..models import DEFAULT_MODEL
 from ..records import (DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_MAX_STATES, DTYPES, EDIT_SCOPES, ESTIMATE_SAMPLES,
@@ -14,6 +16,15 @@ from ..records import (DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_MAX_STATES, DTYPES
                        SAMPLING_MODES, SEARCH_BATCH_SIZE, SEARCH_MAX_BATCH_SIZE, TOKENIZATIONS, CompileOptions, Decoding,
                        Sample)
 from ..stats import DEFAULT_CONFIDENCE
+
+
+def shown(value: Any) -> str:
+    """A value as a query writes it (NULL, TRUE, 'text'), for messages."""
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(shown(v) for v in value) + ")"
+    if value is None or isinstance(value, (str, bool)):
+        return unparse(A.Literal(value))
+    return repr(value)  # a number as Python writes it: -1, 2.5, 3.8e-05
 
 
 class PlanError(Error):
@@ -54,23 +65,23 @@ class OptionSpec:
                 return value.lower() in ("true", "on", "yes", "1")
             if isinstance(value, int) and value in (0, 1):
                 return bool(value)
-            raise bad(f"is true or false, not {value!r}")
+            raise bad(f"is true or false, not {shown(value)}")
         if self.kind == "choice":
             v = str(value).lower() if isinstance(value, str) else value
             if v not in self.choices:
                 near = closest(str(value), self.choices)
-                raise PlanError(f"{self.name} is one of {', '.join(self.choices)}, not {value!r}", span, source,
+                raise PlanError(f"{self.name} is one of {', '.join(self.choices)}, not {shown(value)}", span, source,
                                 hint=f"did you mean {near}?" if near else None)
             return v
         if self.kind == "text":
             if not isinstance(value, str):
-                raise bad(f"is a string, not {value!r}")
+                raise bad(f"is a string, not {shown(value)}")
             return value
         if self.kind == "size":
             try:
                 value = parse_size(value)
             except ValueError:
-                raise bad(f"is a size such as '2GB', '512MB' or a number of bytes, not {value!r}") from None
+                raise bad(f"is a size such as '2GB', '512MB' or a number of bytes, not {shown(value)}") from None
             if self.low is not None and value < self.low:
                 raise bad(f"must be at least {format_size(int(self.low))}, not {format_size(value)}")
             return value
@@ -79,22 +90,22 @@ class OptionSpec:
                 try:
                     value = float(value) if self.kind == "float" else int(value)
                 except ValueError:
-                    raise bad(f"is a number, not {value!r}") from None
+                    raise bad(f"is a {'whole ' if self.kind == 'int' else ''}number, not {shown(value)}") from None
             else:
-                raise bad(f"is a number, not {value!r}")
+                raise bad(f"is a number, not {shown(value)}")
         if self.kind == "int":
             if isinstance(value, float):
                 if not value.is_integer():
-                    raise bad(f"is a whole number, not {value!r}")
+                    raise bad(f"is a whole number, not {shown(value)}")
                 value = int(value)
         else:
             value = float(value)
             if not math.isfinite(value):
-                raise bad(f"is a finite number, not {value!r}")
+                raise bad(f"is a finite number, not {shown(value)}")
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
-            raise bad(f"must be {'more than' if self.low_open else 'at least'} {self.low:g}, not {value!r}")
+            raise bad(f"must be {'more than' if self.low_open else 'at least'} {self.low:g}, not {shown(value)}")
         if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
-            raise bad(f"must be {'less than' if self.high_open else 'at most'} {self.high:g}, not {value!r}")
+            raise bad(f"must be {'less than' if self.high_open else 'at most'} {self.high:g}, not {shown(value)}")
         return value
 
 

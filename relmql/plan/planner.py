@@ -15,7 +15,7 @@ from ..records import (COLUMNS, COMPUTED_COLUMNS, SAMPLE_BATCH_SIZE, CompileOpti
 from ..syntax import ast as A
 from ..syntax import string_literal_at, unparse
 from .expr import AGGREGATES, Env, check_calls, escape, evaluate, is_aggregate, kind
-from .options import OPTIONS, PlanError, option
+from .options import OPTIONS, PlanError, option, shown
 
 ORDER_COLUMNS = {"prob": "prob", "total_prob": "total_prob", "logprob": "prob", "total_logprob": "total_prob"}
 DEFAULT_COLUMNS = ("rank", "text", "prob")
@@ -172,7 +172,7 @@ def _sourced(e: Error, source: str) -> Error:
 def _text(node, params, source, where) -> str:
     value = constant(node, params, source, where)
     if not isinstance(value, str):
-        raise PlanError(f"{where} must be text (a regex), not {value!r}", node.span, source)
+        raise PlanError(f"{where} must be text (a regex), not {shown(value)}", node.span, source)
     return value
 
 
@@ -180,8 +180,10 @@ def _count(node, params, source, what) -> int:
     value = constant(node, params, source, what)
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
+    if isinstance(value, float) and value.is_integer():  # 1e3
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise PlanError(f"{what} must be a whole number of zero or more, not {value!r}", node.span, source)
+        raise PlanError(f"{what} must be a whole number of zero or more, not {shown(value)}", node.span, source)
     return value
 
 
@@ -338,7 +340,8 @@ def _select(query: A.Query, source: str, groups) -> Tuple[Tuple[Output, ...], bo
             g = aliases[g.name]
         elif isinstance(g, A.Literal) and isinstance(g.value, int) and not isinstance(g.value, bool):
             if not 1 <= g.value <= len(items):  # GROUP BY 1: the first output column
-                raise PlanError(f"GROUP BY {g.value}: there are {len(items)} output columns", g.span, source)
+                there = "is 1 output column" if len(items) == 1 else f"are {len(items)} output columns"
+                raise PlanError(f"GROUP BY {g.value}: there {there}", g.span, source)
             g = items[g.value - 1].expr
         check_calls(g, source, allow_aggregates=False, allow_rows=True)
         _check_columns(g, source, known)
