@@ -542,6 +542,10 @@ BAD = [
     ("SELECT round(prob, 'x') AS x MATCHING 'a'", PlanError, "'x'", "round() expects a whole number here"),
     ("SELECT text MATCHING NULL", PlanError, "NULL", "must be text (a regex), not NULL"),
     ("SELECT text MATCHING 'a' LIMIT 2.5", PlanError, "2.5", "a whole number of zero or more, not 2.5"),
+    ("SELECT regexp_replace(text, '(a)', '\\9') AS x MATCHING 'a'", PlanError,
+     "regexp_replace(text, '(a)', '\\9')", "bad replacement '\\9': invalid group reference 9"),
+    ("SELECT regexp_replace(text, '(a', 'b') AS x MATCHING 'a'", PlanError, "regexp_replace(text, '(a', 'b')",
+     "bad regex"),
 ]
 
 

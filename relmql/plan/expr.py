@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional
 from .. import stats
 from ..records import COLUMN_KINDS, COMPUTED_COLUMNS
 from ..syntax import ast as A
-from .options import PlanError
+from .options import PlanError, shown
 
 _REGEX_SPECIAL = set(".^$*+?{}[]\\|()")
 
@@ -74,6 +74,14 @@ def _regexp_extract(s: str, pattern: str, group=0):
     return None if m is None else m.group(group)
 
 
+def _regexp_replace(s: str, pattern: str, replacement: str) -> str:
+    regex = re.compile(pattern)  # a bad regex: re.error, reported as one
+    try:
+        return regex.sub(replacement, s)
+    except re.error as e:  # the regex is fine: the replacement refers to what it does not have
+        raise ValueError(f"bad replacement {shown(replacement)}: {e}") from None
+
+
 def _round(x, n=0):
     return round(x, int(n)) if n else float(round(x))
 
@@ -118,7 +126,7 @@ FUNCTIONS: Dict[str, Function] = {f.name: f for f in (
     _f("drop_last_word", _drop_last_word, ("text",), "the text without its last word"),
     _f("regexp_extract", _regexp_extract, ("text", "text", "int"),
        "the first match of a regex in the text (or one of its groups); NULL if none", optional=1),
-    _f("regexp_replace", lambda s, p, r: re.sub(p, r, s), ("text", "text", "text"),
+    _f("regexp_replace", _regexp_replace, ("text", "text", "text"),
        "the text with every match of a regex replaced"),
     _f("replace", lambda s, a, b: s.replace(a, b), ("text", "text", "text"), "the text with a substring replaced"),
     _f("lower", str.lower, ("text",), "lower case"),
