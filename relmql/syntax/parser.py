@@ -130,8 +130,11 @@ def _syntax_error(e: UnexpectedInput, text: str) -> ParseError:
         if opened is not None and opened <= start <= opened + 1:
             return ParseError("unterminated comment", (opened, len(text)), text)
         span = (start, start + max(1, len(str(tok))))
-        if text[start - 1:start] == "'" and start > 0:  # 'it's': the string ended at the apostrophe
-            hint = "a quote inside a string is written twice: 'it''s'"
+        before = text[:start].rstrip()
+        if text[start - 1:start] == "'" and start > 0 and tok.type in ("NAME", "MODEL_NAME"):
+            hint = "a quote inside a string is written twice: 'it''s'"  # 'it's': the string ended early
+        elif re.search(r"\bSELECT\s+DISTINCT$", before, re.IGNORECASE):
+            hint = "DISTINCT is not supported: GROUP BY gives each value once (SELECT text, count(*) ... GROUP BY text)"
         elif tok.type == "SELECT":
             hint = "SELECT comes first in a query; the other clauses follow it in any order"
         else:  # a keyword in the wrong place is not a misspelling of another keyword
