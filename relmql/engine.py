@@ -162,11 +162,11 @@ def match_regex(plan: QueryPlan):
 def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event] = None,
                progress: Optional[Callable[[int], None]] = None, stopped: Optional[list] = None,
                masses: Optional[list] = None, on_total: Optional[Callable[..., None]] = None,
-               ruled_out: Optional[list] = None) -> Iterator[RowEnv]:
+               no_row: Optional[list] = None) -> Iterator[RowEnv]:
     """The result rows of one query that pass its WHERE, up to its LIMIT. A search that a bound
     stopped (``Stop``) is warned about on stderr, or appended to ``stopped`` when given; one that
-    found no row because the decoding rules kept no token the language allowed is noted on
-    stderr (``ruled_out_note``), or its plan appended to ``ruled_out`` when given. A query that
+    found no row because the decoding rules or the token bounds cut it short is noted on stderr
+    (``no_row_note``), or ``(plan, causes)`` appended to ``no_row`` when given. A query that
     measures its language (probability()) appends how to ``masses`` and tells ``on_total`` how
     many sequences or draws it will read (``progress`` counts them); its rows include rows that
     only count (``row.miss``: a prefix path, a draw that found no string or that WHERE left out),
@@ -212,11 +212,11 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
             stopped.append(stop)
         else:
             print(stop_warning(stop), file=sys.stderr)
-    if stats.ruled_out:
-        if ruled_out is not None:
-            ruled_out.append(plan)
+    if stats.no_row and not isinstance(plan.traversal, Measure):  # probability() has its row: 0
+        if no_row is not None:
+            no_row.append((plan, stats.no_row))
         else:
-            print(ruled_out_note(plan), file=sys.stderr)
+            print(no_row_note(plan, stats.no_row), file=sys.stderr)
 
 
 def stop_warning(stop: Stop) -> str:
@@ -224,26 +224,39 @@ def stop_warning(stop: Stop) -> str:
     return f"warning: {stop.message()}"
 
 
-def _rules_words(plan: QueryPlan) -> Tuple[str, str]:
-    rules = [f"{name} {value:g}" for name, value in (("topk", plan.decoding.topk), ("topp", plan.decoding.topp))
-             if value is not None]
-    return " and ".join(rules), "it" if len(rules) == 1 else "them"
+def _causes(plan: QueryPlan, causes, short: bool = False) -> str:
+    """Why a search found no row, in words, with what to change."""
+    words = []
+    if "rules" in causes:
+        d = plan.decoding
+        rules = [f"{n} {v:g}" for n, v in (("topk", d.topk), ("topp", d.topp)) if v is not None]
+        it = "it" if len(rules) == 1 else "them"
+        words.append(f"{' and '.join(rules)} kept none of the tokens MATCHING allows next where the search needed "
+                     f"one (raise or drop {it}, or put the text's beginning in PREFIX"
+                     + (")" if short else ": the rules apply to the completion only)"))
+    if "max_tokens" in causes:
+        words.append(f"the completions reached max_tokens ({_tokens(plan.traversal.max_tokens)}) where MATCHING "
+                     f"goes on (raise it)")
+    if "max_prefix_tokens" in causes:
+        words.append(f"the prefix reached max_prefix_tokens ({_tokens(plan.traversal.max_prefix_tokens)}) where "
+                     f"PREFIX goes on (raise it)")
+    return "; ".join(words)
 
 
-def ruled_out_note(plan: QueryPlan) -> str:
-    """The note of a query with no row because its decoding rules kept no token that leads on to
-    a string of MATCHING (a search always ends with its language exhausted under the rules)."""
-    rules, it = _rules_words(plan)
-    return (f"note: no rows: {rules} kept none of the tokens MATCHING allows next where the search needed one "
-            f"(raise or drop {it}, or put the text's beginning in PREFIX: the rules apply to the completion only)")
+def _tokens(n: int) -> str:
+    return f"{n:,} token{'' if n == 1 else 's'}"
 
 
-def ruled_out_rows_note(plans: List[QueryPlan], rows: int) -> str:
-    """The note of a dataset query some of whose ``rows`` data rows have no row for that reason."""
-    rules, it = _rules_words(plans[0])
-    return (f"note: {len(plans):,} of {rows:,} data rows have no rows: {rules} kept none of the tokens "
-            f"MATCHING allows next where the search needed one (raise or drop {it}, or put the text's "
-            f"beginning in PREFIX)")
+def no_row_note(plan: QueryPlan, causes) -> str:
+    """The note of a query with no row because the decoding rules or the token bounds cut every
+    way to a string short (``SearchStats.no_row``: the search always exhausts what they leave)."""
+    return f"note: no rows: {_causes(plan, causes)}"
+
+
+def no_row_rows_note(items: List[Tuple[QueryPlan, Tuple[str, ...]]], rows: int) -> str:
+    """The note of a dataset query some of whose ``rows`` data rows have no row for those reasons."""
+    causes = tuple(c for c in ("rules", "max_tokens", "max_prefix_tokens") if any(c in cs for _, cs in items))
+    return f"note: {len(items):,} of {rows:,} data rows have no rows: {_causes(items[0][0], causes, short=True)}"
 
 
 def stopped_rows_warning(stopped: List[Stop], rows: int) -> str:
@@ -465,14 +478,14 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total,
     if on_total is not None:
         on_total(len(selected))
     before_stops = len(stopped)
-    ruled: List[QueryPlan] = []
+    empty: List[Tuple[QueryPlan, Tuple[str, ...]]] = []
     for data in selected:
         if cancel is not None and cancel.is_set():
             raise Cancelled("the query was cancelled")
         qplan = plan_row(plan, data)
         found = False
         before = len(masses)
-        for env in query_rows(qplan, models, cancel, stopped=stopped, masses=masses, ruled_out=ruled):
+        for env in query_rows(qplan, models, cancel, stopped=stopped, masses=masses, no_row=empty):
             found = True
             yield env
         if not found and len(masses) == before:  # the row still counts: one row of NULL results (as a LEFT
@@ -481,9 +494,9 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total,
             progress(1)
     if len(stopped) > before_stops:
         print(stopped_rows_warning(stopped[before_stops:], len(selected)), file=sys.stderr)
-    if ruled:
-        print(ruled_out_rows_note(ruled, len(selected)), file=sys.stderr)
+    if empty:
+        print(no_row_rows_note(empty, len(selected)), file=sys.stderr)
 
 
 __all__ = ["run", "query_rows", "compile_plan", "load", "RowEnv", "match_regex", "stop_warning",
-           "stopped_rows_warning", "ruled_out_note", "ruled_out_rows_note"]
+           "stopped_rows_warning", "no_row_note", "no_row_rows_note"]

@@ -483,21 +483,29 @@ def test_a_sampler_that_gives_up_says_what_to_change(con, using, hint):
 
 
 def test_a_search_that_the_rules_leave_without_a_row_says_so(tiny):
-    """``ruled_out``: no row because top-k kept none of the tokens the language allows next. The
-    oracle: the two most probable first tokens, read from the model itself, begin no string."""
+    """``no_row``: why a search found no row. The oracle for "rules": the two most probable first
+    tokens, read from the model itself, begin no string."""
     ta = compile("zq(a|b)", tiny.vocabulary)
     stats = SearchStats()
     assert list(execute(ta, tiny, ShortestPath(), Decoding(topk=2), stats=stats)) == []
     first = torch.topk(tiny.extend([None], [[]])[0].logprobs, 2).indices.tolist()
     assert not any(tiny.vocabulary.tokens[t].startswith(b"z") for t in first)
-    assert stats.ruled_out and stats.stop is None
-    # rules that keep every token, the strings cut by max_tokens instead: no row, not the rules' doing
-    stats = SearchStats()
+    assert stats.no_row == ("rules",) and stats.stop is None
+    # rules that keep every token, the strings cut by max_tokens instead (each needs two or more)
     every = Decoding(topk=len(tiny.vocabulary))
-    assert list(execute(ta, tiny, ShortestPath(max_tokens=1), every, stats=stats)) == []
-    assert not stats.ruled_out
-    stats = SearchStats()  # a row found: nothing to say
-    assert len(list(execute(ta, tiny, ShortestPath(), every, stats=stats))) == 2 and not stats.ruled_out
+    assert min(len(p) for p, _ in enumerate_paths(ta)) >= 2
+    for rules in (every, Decoding()):
+        stats = SearchStats()
+        assert list(execute(ta, tiny, ShortestPath(max_tokens=1), rules, stats=stats)) == []
+        assert stats.no_row == ("max_tokens",)
+    # a prefix longer than max_prefix_tokens
+    ta = compile("The cat sat( down)?", tiny.vocabulary, "The cat sat")
+    stats = SearchStats()
+    assert list(execute(ta, tiny, ShortestPath(max_prefix_tokens=1), Decoding(), stats=stats)) == []
+    assert stats.no_row == ("max_prefix_tokens",)
+    stats = SearchStats()  # rows found: nothing to say
+    assert len(list(execute(ta, tiny, ShortestPath(), every, stats=stats))) == 2 and stats.no_row == ()
+
 
 @pytest.mark.parametrize("vocab", [49152, 50257, 1000])
 def test_blockwise_top_values_equal_torch_topk(vocab):

@@ -422,15 +422,23 @@ def test_dataset_is_one_query_per_row(con, jsonl):
     assert got[0][3] is not None and got[0][2] in ("sat", "ran", "flew")
 
 
-def test_no_row_because_of_the_rules_is_noted(con, jsonl, capsys):
-    """A search with no row because top-k kept none of the tokens the language allows next says
-    so once on stderr, with what to change; a dataset query once for all its data rows."""
+def test_no_row_because_of_the_rules_or_the_token_bounds_is_noted(con, jsonl, capsys):
+    """A search with no row because top-k kept none of the tokens the language allows next, or a
+    token bound cut every way short, says so once on stderr, with what to change; a dataset query
+    once for all its data rows."""
     assert rows(con, "SELECT text MATCHING 'zq(a|b)' USING topk 2") == []
     err = capsys.readouterr().err
     assert err == ("note: no rows: topk 2 kept none of the tokens MATCHING allows next where the search needed "
                    "one (raise or drop it, or put the text's beginning in PREFIX: the rules apply to the "
                    "completion only)\n")
     assert len(rows(con, "SELECT text MATCHING 'zq(a|b)' PREFIX 'zq'")) == 2 and capsys.readouterr().err == ""
+    # the token bounds: every string needs two or more completion tokens; the prefix three
+    assert rows(con, "SELECT text MATCHING 'zq(a|b)' USING max_tokens 1") == []
+    assert capsys.readouterr().err == ("note: no rows: the completions reached max_tokens (1 token) where MATCHING "
+                                       "goes on (raise it)\n")
+    assert rows(con, "SELECT text MATCHING 'The cat sat( down)?' PREFIX 'The cat sat' USING max_prefix_tokens 2") == []
+    assert capsys.readouterr().err == ("note: no rows: the prefix reached max_prefix_tokens (2 tokens) where PREFIX "
+                                       "goes on (raise it)\n")
     # datasets: without the rules every data row has rows; top-1 keeps none of ' sat', ' ran', ' flew'
     query = (f"SELECT :row_number AS n, text MATCHING escape(:q) || ' (sat|ran|flew)' PREFIX escape(:q) "
              f"{{}} FOR EACH ROW IN '{jsonl}'")

@@ -203,13 +203,12 @@ class Statement:
 
     def rows(self, cancel: Optional[threading.Event], progress: Optional[Callable[[int], None]],
              on_total: Optional[Callable[..., None]], masses: list, stops: list) -> Iterator:
-        from ..engine import (RowEnv, match_regex, ruled_out_note, ruled_out_rows_note, stop_warning,
-                              stopped_rows_warning)
+        from ..engine import RowEnv, match_regex, no_row_note, no_row_rows_note, stop_warning, stopped_rows_warning
         job = self._make()
         dataset = isinstance(self.plan, DatasetPlan)
         if on_total is not None and dataset:
             on_total(len(self.selected))
-        stopped, ruled = [], []
+        stopped, empty = [], []
         measured = set()
         current = regex = None
         for unit, rows, warnings, finished in job.read(cancel):
@@ -235,16 +234,16 @@ class Statement:
                 stops.append(unit.stop)
                 if not dataset:
                     print(stop_warning(unit.stop), file=sys.stderr)
-            if unit.ruled_out:
-                ruled.append(unit.plan)
+            if unit.no_row:
+                empty.append((unit.plan, unit.no_row))
                 if not dataset:
-                    print(ruled_out_note(unit.plan), file=sys.stderr)
+                    print(no_row_note(unit.plan, unit.no_row), file=sys.stderr)
             if progress is not None and dataset:
                 progress(1)
         if stopped and dataset:
             print(stopped_rows_warning(stopped, len(self.selected)), file=sys.stderr)
-        if ruled and dataset:
-            print(ruled_out_rows_note(ruled, len(self.selected)), file=sys.stderr)
+        if empty and dataset:
+            print(no_row_rows_note(empty, len(self.selected)), file=sys.stderr)
 
 
 __all__ = ["Cluster", "Statement", "require_ray", "cpu_share", "INSTALL"]

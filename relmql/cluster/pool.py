@@ -36,7 +36,7 @@ class Unit:
     mass: Optional[Mass] = None
     done: bool = False
     stop: Optional[Stop] = None
-    ruled_out: bool = False  # no row: the decoding rules kept no token the language allowed next
+    no_row: Tuple[str, ...] = ()  # why the search found no row (SearchStats.no_row)
     warnings: str = ""  # received, not yet shown
     error: Optional[BaseException] = None
     retries: int = 0
@@ -208,7 +208,7 @@ class Pool:
         if unit.mass is None:
             unit.mass = piece.mass
         if piece.done:
-            unit.done, unit.stop, unit.error, unit.ruled_out = True, piece.stop, piece.error, piece.ruled_out
+            unit.done, unit.stop, unit.error, unit.no_row = True, piece.stop, piece.error, piece.no_row
 
     def _fail(self, call: _Call, error: BaseException) -> None:
         for u in call.units:

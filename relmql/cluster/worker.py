@@ -29,15 +29,15 @@ class Piece:
     ``warnings``: what the plan printed on stderr since the last piece; ``mass``: how a measured
     plan's language was measured (sent once, with the first piece that has it); ``done`` ends the
     plan, with the ``Stop`` of a search that a bound ended and the ``Error`` it raised, if any;
-    ``ruled_out``: the search found no row because the decoding rules kept no token the language
-    allowed next."""
+    ``no_row``: why the search found no row (``SearchStats.no_row``), if it found none for a reason
+    worth a note."""
 
     unit: int  # position of the plan in the call
     rows: List[Tuple[Row, int]] = field(default_factory=list)
     mass: Optional[Mass] = None
     done: bool = False
     stop: Optional[Stop] = None
-    ruled_out: bool = False
+    no_row: Tuple[str, ...] = ()
     warnings: str = ""
     error: Optional[Error] = None
 
@@ -75,9 +75,9 @@ class Worker:
         piece = Piece(unit)
         masses: list = []
         stopped: list = []
-        ruled: list = []
+        empty: list = []
         seen, sent_mass, last = 0, False, time.monotonic()
-        rows = query_rows(plan, self.models, cancel, stopped=stopped, masses=masses, ruled_out=ruled)
+        rows = query_rows(plan, self.models, cancel, stopped=stopped, masses=masses, no_row=empty)
 
         def take_warnings(p: Piece) -> Piece:
             p.warnings = err.getvalue()
@@ -102,7 +102,8 @@ class Worker:
                     piece, last = Piece(unit), time.monotonic()
         except Error as e:
             piece.error = e
-        piece.done, piece.stop, piece.ruled_out = True, (stopped[0] if stopped else None), bool(ruled)
+        piece.done, piece.stop = True, (stopped[0] if stopped else None)
+        piece.no_row = empty[0][1] if empty else ()
         if masses and not sent_mass:
             piece.mass = masses[0]
         yield take_warnings(piece)

@@ -24,7 +24,7 @@ import itertools
 import math
 import threading
 from dataclasses import dataclass
-from typing import Generator, Iterator, List, Optional
+from typing import Generator, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -46,7 +46,8 @@ CHILD, RESULT, MORE = 0, 1, 2  # kinds of queue entries (see ShortestPathSearch)
 KID = np.dtype([("token", np.int64), ("state", np.int64), ("prefix", bool), ("raw", np.float64),
                 ("rule", np.float64), ("tier", np.int8), ("val", np.float64)])
 ONE_SORT = 1 << 16  # up to this many children in a batch are sorted at once, more node by node
-BARE = 64  # nodes left with no child that a search with no row looks at again (ShortestPathSearch._bare)
+CUT = 64  # nodes cut short, per cause, that a search with no row looks at again (ShortestPathSearch._cut)
+NO_ROW = ("rules", "max_tokens", "max_prefix_tokens")  # why a search may end with no row (SearchStats.no_row)
 
 
 class _Node:
@@ -77,14 +78,16 @@ class SearchStats:
     """Nodes expanded (each costs the model one token: the start-of-text token for the root),
     how many of them were prefix nodes, rows released, the most bytes the search held in its
     queue and stored children (estimated before each model call), the ``Stop`` when a bound
-    ended the search with the language not exhausted, and ``ruled_out``: the search ended with no
-    row where the decoding rules kept none of the tokens the language allowed next."""
+    ended the search with the language not exhausted, and ``no_row``: why a search that ended with
+    no row found none (``NO_ROW``: the decoding rules kept none of the tokens the language allowed
+    next; a completion or a prefix reached ``max_tokens`` or ``max_prefix_tokens`` where the
+    language went on)."""
     expanded: int = 0
     prefix: int = 0
     rows: int = 0
     held: int = 0
     stop: Optional[Stop] = None
-    ruled_out: bool = False
+    no_row: Tuple[str, ...] = ()
 
     @property
     def stopped(self) -> bool:
@@ -144,7 +147,7 @@ class ShortestPathSearch:
         self._tie = itertools.count()
         self._finals: dict = {}     # state -> automaton.final_edits(state)
         self._continues: dict = {}  # state -> whether a token can follow it
-        self._bare: list = []       # states of expanded nodes left with no child (the first BARE)
+        self._cut: dict = {c: [] for c in NO_ROW}  # the states of the first CUT nodes cut short, by cause
 
     def rows(self, cancel: Optional[threading.Event] = None) -> Iterator[Row]:
         """The rows in order, until the language is exhausted, the limit is reached or a bound
@@ -164,11 +167,16 @@ class ShortestPathSearch:
                     self.stats.stop = stop  # a budget, not an order: rows released so far are exact
                     return
                 self.expand()
-        if not self.found and self.rules.truncates:
-            # the language is exhausted under the rules: say whether they are why there is no row
-            # (a state with a completion arc that no kept token took; BPE's rules may leave a
-            # canonical state that the byte automaton reads on from with none)
-            self.stats.ruled_out = any(bool((~self.automaton.arcs(s).prefix).any()) for s in self._bare)
+        if not self.found:
+            # the language is exhausted under the rules and bounds: say which cut a way on short (a
+            # state with an arc of the kind it could not take; BPE's rules may leave a canonical
+            # state that the byte automaton reads on from with none)
+            arcs = self.automaton.arcs
+
+            def completes(s: int) -> bool:
+                return bool((~arcs(s).prefix).any())
+            goes_on = {"rules": completes, "max_tokens": completes, "max_prefix_tokens": lambda s: arcs(s).n_prefix > 0}
+            self.stats.no_row = tuple(c for c in NO_ROW if any(goes_on[c](s) for s in self._cut[c]))
 
     def fill(self, cancel: Optional[threading.Event] = None) -> Generator[Row, None, bool]:
         """Take entries from the queue until the batch is full: release the results nothing in the
@@ -293,6 +301,11 @@ class ShortestPathSearch:
             self.push(tuple(parent.kids[i].tolist()[5:7]), MORE, parent, parent.more)
         self.store_kids(parent, None)  # every child is in the queue or expanded, or will be made again
 
+    def cut(self, cause: str, which: np.ndarray, states: List[int]) -> None:
+        """Remember the states of nodes ``which`` (of ``states``) as cut short by ``cause``."""
+        kept = self._cut[cause]
+        kept.extend(states[i] for i in which[:CUT - len(kept)].tolist())
+
     def final_edits(self, state: int) -> int:
         """``automaton.final_edits(state)``, remembered (a search meets each state many times)."""
         got = self._finals.get(state)
@@ -311,6 +324,9 @@ class ShortestPathSearch:
         if self.rules.eos and self.final_edits(state) >= 0:
             return True
         if node.ncomp >= opts.max_tokens and node.npre >= opts.max_prefix_tokens:
+            if not self.found:
+                for cause in ("max_tokens", "max_prefix_tokens"):
+                    self.cut(cause, np.zeros(1, np.int64), [state])
             return False
         if self.stops(state):
             return automaton.arcs(state).n_prefix > 0 and node.npre < opts.max_prefix_tokens
@@ -427,9 +443,13 @@ class ShortestPathSearch:
         first = np.cumsum(count) - count
         one_sort = len(kids) <= ONE_SORT
         chunks = np.array(chunks)
-        if not self.found and len(self._bare) < BARE:
-            bare = np.flatnonzero((count == 0) & comp_ok & (chunks == 0))[:BARE - len(self._bare)]
-            self._bare.extend(states[i] for i in bare.tolist())
+        if not self.found:
+            fresh = chunks == 0
+            if rules.truncates:
+                self.cut("rules", np.flatnonzero((count == 0) & comp_ok & fresh), states)
+            self.cut("max_tokens", np.flatnonzero(fresh & np.array([n.ncomp >= opts.max_tokens for n in nodes])),
+                     states)
+            self.cut("max_prefix_tokens", np.flatnonzero(fresh & ~pre_ok), states)
         starts = first + chunks  # where each node's stored children begin
         if one_sort:  # one sort for the batch: by node, then key (stable: ties keep arc order)
             kids = kids[np.lexsort((kids["val"], kids["tier"], r))]
