@@ -133,6 +133,8 @@ def _syntax_error(e: UnexpectedInput, text: str) -> ParseError:
         before = text[:start].rstrip()
         if text[start - 1:start] == "'" and start > 0 and tok.type in ("NAME", "MODEL_NAME"):
             hint = "a quote inside a string is written twice: 'it''s'"  # 'it's': the string ended early
+        elif re.search(r"\bedit_scope\s+prefix\b", before, re.IGNORECASE):  # read as the PREFIX clause
+            hint = "PREFIX is a clause; as a value it is written as a string: edit_scope 'prefix'"
         elif re.search(r"\bSELECT\s+DISTINCT$", before, re.IGNORECASE):
             hint = "DISTINCT is not supported: GROUP BY gives each value once (SELECT text, count(*) ... GROUP BY text)"
         elif tok.type == "SELECT":
