@@ -18,6 +18,7 @@ from .automata import compile
 from .automata.language import levenshtein, nearest, unedited, viable_length
 from .errors import Error
 from .execute import Mass, Row, SearchStats, execute, measure
+from .execute.shortest import NO_ROW
 from .models import LanguageModel
 from .plan import DatasetPlan, ModelRef, Plan, QueryPlan, evaluate, plan_row, selected_rows
 from .plan.expr import Env
@@ -228,10 +229,9 @@ def _causes(plan: QueryPlan, causes, short: bool = False) -> str:
     """Why a search found no row, in words, with what to change."""
     words = []
     if "rules" in causes:
-        d = plan.decoding
-        rules = [f"{n} {v:g}" for n, v in (("topk", d.topk), ("topp", d.topp)) if v is not None]
-        it = "it" if len(rules) == 1 else "them"
-        words.append(f"{' and '.join(rules)} kept none of the tokens MATCHING allows next where the search needed "
+        rules = plan.decoding.truncation()
+        it = "them" if " and " in rules else "it"
+        words.append(f"{rules} kept none of the tokens MATCHING allows next where the search needed "
                      f"one (raise or drop {it}, or put the text's beginning in PREFIX"
                      + (")" if short else ": the rules apply to the completion only)"))
     if "max_tokens" in causes:
@@ -255,7 +255,7 @@ def no_row_note(plan: QueryPlan, causes) -> str:
 
 def no_row_rows_note(items: List[Tuple[QueryPlan, Tuple[str, ...]]], rows: int) -> str:
     """The note of a dataset query some of whose ``rows`` data rows have no row for those reasons."""
-    causes = tuple(c for c in ("rules", "max_tokens", "max_prefix_tokens") if any(c in cs for _, cs in items))
+    causes = tuple(c for c in NO_ROW if any(c in cs for _, cs in items))
     return f"note: {len(items):,} of {rows:,} data rows have no rows: {_causes(items[0][0], causes, short=True)}"
 
 
@@ -428,9 +428,8 @@ class _Measured:
         k = next(j for j, (x, y) in enumerate(zip(ca, cb)) if x != y)
         node = plan.group_by[self.prefix_keys[k]]
         what = plan.source[node.span[0]:node.span[1]] if plan.source and node.span else "a GROUP BY key"
-        show = lambda v: "NULL" if v is None else repr(v)  # noqa: E731
         return PlanError(f"probability() cannot tell the prefix's class: {what} reads only the prefix, yet after the "
-                         f"same prefix {ea.row.prefix!r} it is {show(ca[k])} for {ea.row.text!r} and {show(cb[k])} "
+                         f"same prefix {ea.row.prefix!r} it is {shown(ca[k])} for {ea.row.text!r} and {shown(cb[k])} "
                          f"for {eb.row.text!r}", node.span, plan.source,
                          hint="group by keys that the prefix alone decides (or leave them out)")
 

@@ -167,6 +167,10 @@ class Decoding:
         rules += ["eos (the end-of-text token must follow; its probability counts)"] if self.eos else []
         return rules
 
+    def truncation(self) -> str:
+        """The rules that keep only some tokens, in words: "topk 40", "topk 40 and topp 0.9"."""
+        return " and ".join(r for r in self.describe() if r.startswith(("topk ", "topp ")))
+
 
 @dataclass(frozen=True)
 class ShortestPath:

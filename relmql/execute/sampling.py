@@ -225,9 +225,9 @@ class Sampler:
         rules = " and ".join(r for r, v in (("topk", self.rules.topk), ("topp", self.rules.topp)) if v is not None)
         if not rules:
             return "raise max_tokens (a longer completion fails) or the draw budget (max_draws)"
-        return (f"{rules} kept none of the tokens the language allows at some step of most draws: raise "
-                f"{'it' if ' ' not in rules else 'them'} or drop {'it' if ' ' not in rules else 'them'}; "
-                f"or raise max_tokens or the draw budget (max_draws)")
+        it = "them" if " and " in rules else "it"
+        return (f"{rules} kept none of the tokens the language allows at some step of most draws: raise {it} or "
+                f"drop {it}; or raise max_tokens or the draw budget (max_draws)")
 
     def advance(self, step: List[_Walker]) -> None:
         """Give every walker that drew a token its new model state: from the cache when already

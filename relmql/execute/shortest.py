@@ -301,10 +301,10 @@ class ShortestPathSearch:
             self.push(tuple(parent.kids[i].tolist()[5:7]), MORE, parent, parent.more)
         self.store_kids(parent, None)  # every child is in the queue or expanded, or will be made again
 
-    def cut(self, cause: str, which: np.ndarray, states: List[int]) -> None:
-        """Remember the states of nodes ``which`` (of ``states``) as cut short by ``cause``."""
+    def cut(self, cause: str, states: List[int]) -> None:
+        """Remember ``states`` as those of nodes cut short by ``cause`` (the first CUT of them)."""
         kept = self._cut[cause]
-        kept.extend(states[i] for i in which[:CUT - len(kept)].tolist())
+        kept.extend(states[:CUT - len(kept)])
 
     def final_edits(self, state: int) -> int:
         """``automaton.final_edits(state)``, remembered (a search meets each state many times)."""
@@ -325,8 +325,8 @@ class ShortestPathSearch:
             return True
         if node.ncomp >= opts.max_tokens and node.npre >= opts.max_prefix_tokens:
             if not self.found:
-                for cause in ("max_tokens", "max_prefix_tokens"):
-                    self.cut(cause, np.zeros(1, np.int64), [state])
+                self.cut("max_tokens", [state])
+                self.cut("max_prefix_tokens", [state])
             return False
         if self.stops(state):
             return automaton.arcs(state).n_prefix > 0 and node.npre < opts.max_prefix_tokens
@@ -445,11 +445,10 @@ class ShortestPathSearch:
         chunks = np.array(chunks)
         if not self.found:
             fresh = chunks == 0
-            if rules.truncates:
-                self.cut("rules", np.flatnonzero((count == 0) & comp_ok & fresh), states)
-            self.cut("max_tokens", np.flatnonzero(fresh & np.array([n.ncomp >= opts.max_tokens for n in nodes])),
-                     states)
-            self.cut("max_prefix_tokens", np.flatnonzero(fresh & ~pre_ok), states)
+            long = np.array([n.ncomp >= opts.max_tokens for n in nodes])
+            for cause, cut in (("rules", (count == 0) & comp_ok & rules.truncates), ("max_tokens", long),
+                               ("max_prefix_tokens", ~pre_ok)):
+                self.cut(cause, [states[i] for i in np.flatnonzero(fresh & cut).tolist()])
         starts = first + chunks  # where each node's stored children begin
         if one_sort:  # one sort for the batch: by node, then key (stable: ties keep arc order)
             kids = kids[np.lexsort((kids["val"], kids["tier"], r))]
