@@ -281,7 +281,7 @@ def compile_plan(plan: QueryPlan, model: LanguageModel):
     try:
         automaton = compile(plan.matching, model.vocabulary, plan.prefix, plan.compile)
     except Error as e:
-        if e.role in ("MATCHING", "PREFIX"):
+        if e.role:  # MATCHING, PREFIX, a WHERE filter, or the filters together
             raise plan.source_error(e) from None
         raise
     for w in automaton.warnings:

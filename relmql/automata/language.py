@@ -105,8 +105,11 @@ def compile_language(spec: LanguageSpec) -> Language:
         lang = tag_levels(levels, limit)
     dfa = to_dfa(lang)
     if dfa.is_empty():
-        raise CompileError("the query matches no string once the exclusions are applied"
-                           if spec.exclude else "the query matches no string")
+        if spec.exclude:
+            raise _role(CompileError("the query matches no string once the exclusions are applied",
+                                     hint="WHERE's NOT MATCHING, NOT IN or <> filters remove every string "
+                                          "MATCHING allows"), "WHERE")
+        raise CompileError("the query matches no string")
     return Language(spec, dfa)
 
 

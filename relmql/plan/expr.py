@@ -156,6 +156,9 @@ AGGREGATES = {"count": "the number of rows (or of non-NULL values)", "sum": "the
                              "mean over the prefix's token paths that fix the same GROUP BY keys): exact (summed "
                              "over the language) or, for languages too large to enumerate, estimated by "
                              "sampling with an interval"}
+# what other languages call some of the functions (``len`` is nearer ``ln`` than ``length`` by spelling)
+OTHER_NAMES = {"len": "length", "char_length": "length", "character_length": "length", "strlen": "length",
+               "strip": "trim", "mean": "avg", "average": "avg", "log": "ln"}
 NUMBER_AGGREGATES = ("count", "sum", "avg", "probability")  # the others' values are of any kind
 NULLARY_AGGREGATES = ("probability",)
 ROW_FUNCTIONS = {"group": "a capture group of MATCHING in the row's text: group(1), group('name')",
@@ -390,7 +393,7 @@ def check_calls(node: A.Node, source: str, allow_aggregates: bool, allow_rows: b
         known = {**{k: None for k in FUNCTIONS}, **AGGREGATES, **ROW_FUNCTIONS}
         if n.name not in known:
             from ..errors import closest
-            near = closest(n.name, known)
+            near = OTHER_NAMES.get(n.name.lower()) or closest(n.name, known)
             raise PlanError(f"unknown function {n.name}()" + (f"; did you mean {near}()?" if near else ""),
                             n.name_span, source)
         nargs = len(n.args)

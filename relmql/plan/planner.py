@@ -55,8 +55,9 @@ TESTS = ("independence",)
 class QueryPlan:
     """Everything needed to run one query, every option typed and checked.
 
-    ``exclude``: regexes removed from the language in the automaton (compiled filters);
-    ``where``: the part of WHERE evaluated on result rows. ``limit`` bounds the result rows
+    ``compile.exclude``: regexes removed from the language in the automaton (compiled filters),
+    each written at ``exclude_spans`` (with its characters' ``exclude_offsets`` where it is a
+    string literal); ``where``: the part of WHERE evaluated on result rows. ``limit`` bounds the result rows
     (after ``where``); aggregates run over them.
     """
 
@@ -80,6 +81,8 @@ class QueryPlan:
     matching_offsets: Optional[Tuple[int, ...]] = field(default=None, repr=False)
     prefix_offsets: Optional[Tuple[int, ...]] = field(default=None, repr=False)
     test: Optional[TestPlan] = None
+    exclude_spans: Tuple[Tuple[int, int], ...] = ()
+    exclude_offsets: Tuple[Optional[Tuple[int, ...]], ...] = field(default=(), repr=False)
 
     @property
     def columns(self) -> Tuple[str, ...]:
@@ -93,6 +96,18 @@ class QueryPlan:
         role = err.role or "MATCHING"
         span, offsets = (self.prefix_span, self.prefix_offsets) if role == "PREFIX" else \
             (self.matching_span, self.matching_offsets)
+        if role.startswith("exclusion "):  # the k-th compiled WHERE filter
+            k = int(role.split()[1]) - 1
+            if k >= len(self.exclude_spans):
+                return err
+            span, offsets, role = self.exclude_spans[k], self.exclude_offsets[k], "NOT MATCHING"
+        elif role == "WHERE":  # the filters together
+            if not self.exclude_spans:
+                return err
+            span, offsets = (self.exclude_spans[0][0], self.exclude_spans[-1][1]), None
+            out = type(err)(err.message, span, self.source, err.hint)
+            out.role = err.role
+            return out
         if span is None:
             return err
         if offsets is not None and err.span is not None:
@@ -269,7 +284,8 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
         if not query.select and order == "total_prob":
             outputs = tuple(_output(c, A.Column(c)) for c in ("rank", "text", "total_prob"))
     compile_options = CompileOptions(tokenization=opts["tokenization"], prefix_tokenization=opts["prefix_tokenization"],
-                                     edits=opts["edits"], edit_scope=opts["edit_scope"], exclude=tuple(exclude),
+                                     edits=opts["edits"], edit_scope=opts["edit_scope"],
+                                     exclude=tuple(x.regex for x in exclude),
                                      max_states=opts["max_states"])
     m_off = string_literal_at(source, query.matching.span) if isinstance(query.matching, A.Literal) else None
     p_off = string_literal_at(source, query.prefix.span) if isinstance(query.prefix, A.Literal) else None
@@ -281,7 +297,9 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
                      model_span=query.model.span if query.model is not None else None,
                      matching_offsets=tuple(m_off) if m_off else None,
                      prefix_offsets=tuple(p_off) if p_off else None,
-                     test=_test(query.test, outputs, aggregate, source, opts["test_draws"]))
+                     test=_test(query.test, outputs, aggregate, source, opts["test_draws"]),
+                     exclude_spans=tuple(x.span for x in exclude),
+                     exclude_offsets=tuple(x.offsets for x in exclude))
 
 
 def _options(query: A.Query, source: str, settings, params) -> Dict[str, Any]:
@@ -403,7 +421,17 @@ def _conjuncts(node: A.Node) -> List[A.Node]:
     return [node]
 
 
-def _where(query: A.Query, source: str, params, groups, opts) -> Tuple[Optional[A.Node], List[str]]:
+@dataclass(frozen=True)
+class _Exclusion:
+    """A compiled WHERE filter: its regex, the text it was written as, and (for a string literal)
+    where each of the regex's characters is in the query."""
+
+    regex: str
+    span: Tuple[int, int]
+    offsets: Optional[Tuple[int, ...]]
+
+
+def _where(query: A.Query, source: str, params, groups, opts) -> Tuple[Optional[A.Node], List[_Exclusion]]:
     """WHERE split into regexes the automaton can exclude and the rest, evaluated on rows."""
     if query.where is None:
         return None, []
@@ -426,7 +454,7 @@ def _where(query: A.Query, source: str, params, groups, opts) -> Tuple[Optional[
     return node, exclude
 
 
-def _exclusion(node: A.Node, params, source) -> Optional[str]:
+def _exclusion(node: A.Node, params, source) -> Optional[_Exclusion]:
     """``text NOT MATCHING 'r'``, ``NOT (text MATCHES 'r')``, ``text NOT IN ('a', ...)`` and
     ``text <> 'a'`` with constant right sides: regexes."""
     if isinstance(node, A.Unary) and node.op == "NOT" and isinstance(node.operand, A.Matches):
@@ -434,11 +462,13 @@ def _exclusion(node: A.Node, params, source) -> Optional[str]:
     if isinstance(node, A.Binary) and node.op == "<>" and node.left == A.Column("text") and \
             not _refers_to_row(node.right):
         value = constant(node.right, params, source, "<>")
-        return escape(value) if isinstance(value, str) else None
+        return _Exclusion(escape(value), node.right.span, None) if isinstance(value, str) else None
     if isinstance(node, A.Matches) and node.negated and node.operand == A.Column("text"):
         if _refers_to_row(node.pattern):
             return None
-        return _text(node.pattern, params, source, "NOT MATCHING")
+        offsets = string_literal_at(source, node.pattern.span) if isinstance(node.pattern, A.Literal) else None
+        return _Exclusion(_text(node.pattern, params, source, "NOT MATCHING"), node.pattern.span,
+                          tuple(offsets) if offsets else None)
     if isinstance(node, A.InList) and node.negated and node.operand == A.Column("text"):
         if any(_refers_to_row(i) for i in node.items):
             return None
@@ -448,7 +478,7 @@ def _exclusion(node: A.Node, params, source) -> Optional[str]:
             values.extend(v if isinstance(v, (list, tuple)) else [v])
         if not all(isinstance(v, str) for v in values) or not values:
             return None
-        return "|".join(escape(v) for v in values)
+        return _Exclusion("|".join(escape(v) for v in values), node.span, None)
     return None
 
 
