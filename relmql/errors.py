@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import unicodedata
 from typing import Iterable, Optional, Tuple
 
 Span = Tuple[int, int]
@@ -97,7 +98,15 @@ def caret_lines(source: str, span: Span, width: int = 100) -> list:
         col, col_end = col - left + shift, col_end - left + shift
     shown = "".join(c if c.isprintable() else " " for c in text)
     prefix = f"LINE {line_no}: " if "\n" in source else "  "
-    return [prefix + shown, " " * (len(prefix) + col) + "^" * max(1, col_end - col)]
+    return [prefix + shown, " " * (len(prefix) + display_width(shown[:col])) +
+            "^" * max(1, display_width(shown[col:col_end]))]
+
+
+def display_width(text: str) -> int:
+    """Terminal columns ``text`` takes: East Asian wide characters (CJK, most emoji) take two,
+    combining marks none, so a caret lands under the character it points at."""
+    return sum(0 if unicodedata.combining(c) or unicodedata.category(c) == "Cf" else
+               2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
 
 def closest(name: str, candidates: Iterable[str]) -> Optional[str]:

@@ -587,6 +587,18 @@ def test_bad_input_is_a_located_error(con, query, cls, under, words):
         assert caret.index("^") - 2 == start and caret.count("^") == max(1, end - start)
 
 
+def test_caret_counts_wide_characters_as_two_columns(con):
+    # a terminal shows 東, 京 and 😀 two columns wide and é's combining accent in no column of its own
+    query = "SELECT text MATCHING '東京 😀 cafe\u0301 [z-a]'"
+    with pytest.raises(RegexError) as info:
+        rows(con, query)
+    line, caret = info.value.render().splitlines()[1:3]
+    assert line == "  " + query
+    # columns before the z: 東京 4, space, 😀 2, space, "cafe" 4 (+ 0 for the accent), space, "["
+    assert caret.index("^") == 2 + len("SELECT text MATCHING '") + 4 + 1 + 2 + 1 + 4 + 1 + 1, caret
+    assert caret.count("^") == 1
+
+
 def test_numbers_at_the_edges(con):
     (got,) = rows(con, "SELECT ln(0) AS a, exp(1000) AS b, ln(1) AS c, length('abc') AS d MATCHING 'q'")
     assert got == (-math.inf, math.inf, 0.0, 3)  # ln(0): an impossible string's log-probability
