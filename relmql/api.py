@@ -232,6 +232,26 @@ class Result:
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{foot}"
 
 
+
+def _bare_word(node: A.Node, text: str) -> Optional[str]:
+    """The text of a SET value written as a bare word, as FROM takes a model name: ``all``, or
+    names read as arithmetic on columns (``tiny-gpt2``, ``org/model``) when written without spaces."""
+    if isinstance(node, A.Column):
+        return node.name
+    leaves, todo = [], [node]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, A.Binary) and n.op in ("-", "/"):
+            todo += [n.left, n.right]
+        else:
+            leaves.append(n)
+    if not any(isinstance(n, A.Column) for n in leaves) or \
+            not all(isinstance(n, A.Column) or (isinstance(n, A.Literal) and isinstance(n.value, int))
+                    for n in leaves):
+        return None
+    raw = text[node.span[0]:node.span[1]]
+    return raw if raw and not any(c.isspace() for c in raw) else None
+
 class Connection:
     """A session: a default model, option settings (``SET``) and the models loaded so far.
 
@@ -317,8 +337,9 @@ class Connection:
             return Result(("plan",), lambda r: iter([(line,) for line in lines]), kind="text")
         if isinstance(st, A.Set):
             spec = option(st.name, st.name_span, text)
-            if isinstance(st.value, A.Column):  # SET tokenization = all: a bare word is a value
-                value = st.value.name
+            bare = _bare_word(st.value, text)
+            if bare is not None:  # SET tokenization = all, SET model = tiny-gpt2: a bare word is a value
+                value = bare
             else:
                 value = constant(st.value, dict(params or {}), text, "SET")
             self.set(spec.name, value, st.value.span, text)
@@ -377,11 +398,16 @@ class Connection:
             rows += [(n, "row", d) for n, d in ROW_FUNCTIONS.items()]
             rows += [(n, "aggregate", d) for n, d in AGGREGATES.items()]
             return Result(("function", "kind", "meaning"), lambda r: iter(rows))
-        near = closest(what, SHOW_WHAT)
+        if what in OPTIONS:  # SHOW topk: one option's value, as psql's SHOW name
+            spec = OPTIONS[what]
+            return Result(("option", "value", "default", "meaning"),
+                          lambda r: iter([(what, self.settings[what], spec.default, spec.doc)]))
+        near = closest(what, SHOW_WHAT + tuple(OPTIONS))
         word = text.lower().rfind(what, st.span[0], st.span[1])
         span = (word, word + len(what)) if word >= 0 else st.span
-        raise PlanError(f"SHOW {what.upper()} is not known; SHOW " + " | ".join(w.upper() for w in SHOW_WHAT),
-                        span, text, hint=f"did you mean SHOW {near.upper()}?" if near else None)
+        raise PlanError(f"SHOW {what.upper()} is not known; SHOW " + " | ".join(w.upper() for w in SHOW_WHAT) +
+                        " | an option's name", span, text,
+                        hint=f"did you mean SHOW {near.upper() if near in SHOW_WHAT else near}?" if near else None)
 
     def close(self) -> None:
         """Forget the loaded models; stop the Ray engine's workers."""

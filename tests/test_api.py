@@ -197,6 +197,23 @@ def test_show_statements(con):
     with pytest.raises(PlanError, match="SHOW MODLES is not known") as info:
         con.sql("SHOW MODLES")
     assert info.value.hint == "did you mean SHOW MODELS?"
+    # one option, as psql's SHOW name
+    assert con.sql("SHOW topk").fetchall() == [("topk", None, None, OPTIONS["topk"].doc)]
+    assert con.sql("show MODEL").to_dicts()[0]["value"] == "tiny-gpt2"
+    with pytest.raises(PlanError, match="SHOW TOPQ is not known") as info:
+        con.sql("SHOW topq")
+    assert info.value.hint == "did you mean SHOW topp?"
+
+
+def test_set_takes_a_bare_word_as_from_takes_a_model_name(con):
+    session = fresh(con)
+    session.sql("SET model = tiny-gpt2; SET tokenization = all")  # tiny-gpt2 parses as tiny minus gpt2
+    assert session.sql("SHOW model").fetchall()[0][1] == "tiny-gpt2"
+    assert session.sql("SHOW tokenization").fetchall()[0][1] == "all"
+    with pytest.raises(PlanError, match="cannot refer to the result column 'tiny'"):
+        session.sql("SET model = tiny - gpt2")  # spaces: an expression, as in a query
+    with pytest.raises(PlanError, match="topk is a whole number, not 'a-b'"):
+        session.sql("SET topk = a-b")
 
 
 def test_connect_takes_options_as_keywords(con):

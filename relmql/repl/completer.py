@@ -177,7 +177,7 @@ class RelmqlCompleter(Completer):
         if prev == "FROM":
             return self._models(quoted=False)
         if prev == "SHOW":
-            return self._keywords(SHOW_WHAT)
+            return self._keywords(SHOW_WHAT) + self._options()
         if prev in ("ORDER", "GROUP"):
             return self._keywords(("BY",))
         clause, at = self._clause(up)
