@@ -524,6 +524,8 @@ BAD = [
     ("SELECT txt MATCHING 'a'", PlanError, "txt", "did you mean text"),
     ("SELECT lenght(text) MATCHING 'a'", PlanError, "lenght", "did you mean length"),
     ("SELECT len(text) AS n MATCHING 'a'", PlanError, "len", "did you mean length()"),
+    ("SELECT text MATCHING 'a' TEST NORMALITY OF text", PlanError, "NORMALITY", "unknown test 'normality'"),
+    ("SELECT text, prob MATCHING 'a' TEST INDEPENDENCE OF text", PlanError, "text", "compares two columns"),
     ("SELECT text MATCHING 'a' PREFIX 'b'", CompileError, "b", "no string of MATCHING starts with"),
     ("SELECT text MATCHING 'a' FOR EACH ROW IN 'no/such/file.jsonl'", PlanError, "'no/such/file.jsonl'",
      "no data file"),

@@ -394,9 +394,13 @@ def _test(test: Optional[A.Test], outputs, aggregate: bool, source: str, draws: 
         raise PlanError(f"TEST compares output columns; {unparse(node)} is not one", node.span, source,
                         hint=f"output columns: {', '.join(o.name for o in outputs)}")
 
-    a, b = column(test.a), column(test.b)
+    if len(test.columns) != 2:
+        cols = test.columns
+        raise PlanError(f"TEST {test.kind.upper()} compares two columns (OF a, b), not {len(cols)}",
+                        (cols[0].span[0], cols[-1].span[1]), source)
+    a, b = column(test.columns[0]), column(test.columns[1])
     if a.name == b.name:
-        raise PlanError("a test of independence needs two different columns", test.b.span, source)
+        raise PlanError("a test of independence needs two different columns", test.columns[1].span, source)
 
     def probabilities(o: Output) -> bool:
         return any((isinstance(n, A.Call) and n.name == "probability") or

@@ -150,11 +150,11 @@ class OrderKey(Node):
 
 @dataclass(frozen=True)
 class Test(Node):
-    """``TEST kind OF a, b``: a statistical test over the result rows (``independence``: χ²)."""
+    """``TEST kind OF a, b``: a statistical test over the result rows (``independence``: χ²) of
+    the output ``columns`` (as written; the planner checks how many the test takes)."""
 
     kind: str
-    a: Node
-    b: Node
+    columns: Tuple[Node, ...]
     span: Span = field(default=(0, 0), compare=False)
     kind_span: Span = field(default=(0, 0), compare=False)
 

@@ -282,7 +282,7 @@ class _ToAst(Transformer_NonRecursive):
         return ("group_clause", tuple(x for x in c[2:] if isinstance(x, A.Node)), _tspan(c[0]), "GROUP BY")
 
     def test_clause(self, meta, c):
-        test = A.Test(str(c[1]).lower(), c[3], c[4], _span(meta), _tspan(c[1]))
+        test = A.Test(str(c[1]).lower(), tuple(x for x in c[3:] if isinstance(x, A.Node)), _span(meta), _tspan(c[1]))
         return ("test_clause", test, _tspan(c[0]), "TEST")
 
     def model_ref(self, meta, c):

@@ -148,7 +148,7 @@ _UNPARSE = {
     A.IsNull: lambda node: f"{_wrap(node.operand, 5)} IS {'NOT ' if node.negated else ''}NULL",
     A.SelectItem: _select_item,
     A.Option: lambda node: node.name + ("" if node.value is None else " " + _option_value(node.value)),
-    A.Test: lambda node: f"TEST {node.kind.upper()} OF {unparse(node.a)}, {unparse(node.b)}",
+    A.Test: lambda node: f"TEST {node.kind.upper()} OF {', '.join(unparse(c) for c in node.columns)}",
     A.OrderKey: lambda node: f"{node.column}{'' if node.descending else ' ASC'}",
     A.Query: _query,
     A.Explain: lambda node: "EXPLAIN " + unparse(node.query),
