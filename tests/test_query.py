@@ -507,6 +507,7 @@ BAD = [
     # (query, error class, text under the span, words of the message)
     ("SELECT text MATCHING 'a' WHERE", ParseError, "", "ends early"),
     ("SELECT text MATCHING 'a' LIMT 3", ParseError, "LIMT", "unexpected 'LIMT'"),
+    ("SELECT text FROM MATCHING 'a'", ParseError, "MATCHING", "FROM needs a model name before MATCHING"),
     ("SELECT text MATCHING 'a(b'", RegexError, "(", "missing )"),
     ("SELECT text MATCHING 'it''s a ''b'' [z-a]'", RegexError, "z", "bad character range"),
     ("SELECT text MATCHING 'x''y''(?<=x)z'", RegexError, "(?<=x)", "look-behind"),

@@ -131,6 +131,10 @@ def _syntax_error(e: UnexpectedInput, text: str) -> ParseError:
             return ParseError("unterminated comment", (opened, len(text)), text)
         span = (start, start + max(1, len(str(tok))))
         before = text[:start].rstrip()
+        clause = re.search(r"\bFROM\s+(" + "|".join(_CLAUSES) + r")$", before, re.IGNORECASE)
+        if clause:  # FROM MATCHING 'a': the clause word was read as the model's name
+            return ParseError(f"FROM needs a model name before {clause.group(1).upper()}", clause.span(1), text,
+                              hint="FROM smollm2-135m (or a quoted name), or leave FROM out for the session's model")
         if text[start - 1:start] == "'" and start > 0 and tok.type in ("NAME", "MODEL_NAME"):
             hint = "a quote inside a string is written twice: 'it''s'"  # 'it's': the string ended early
         elif re.search(r"\bedit_scope\s+prefix\b", before, re.IGNORECASE):  # read as the PREFIX clause
