@@ -469,7 +469,7 @@ def test_exact_sampling_gives_up_on_improbable_languages(tiny):
 
 @pytest.mark.parametrize("using, hint", [
     ("sampling exact", "use the local sampling mode"),
-    ("topk 1", "topk kept none of the tokens the language allows"),  # 'zq' is never among the top one
+    ("topk 1", "topk 1 kept none of the tokens the language allows"),  # 'zq' is never among the top one
     ("max_tokens 2", "raise max_tokens"),  # the language's strings are longer
 ])
 def test_a_sampler_that_gives_up_says_what_to_change(con, using, hint):

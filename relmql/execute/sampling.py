@@ -193,7 +193,8 @@ class Sampler:
         opts, stats = self.opts, self.stats
         while True:
             if stats.draws > self.max_draws:
-                raise ExecutionError(f"sampling gave up after {self.max_draws:,} draws for {self.next_out:,} samples: "
+                got = f"{self.next_out:,} sample" + ("" if self.next_out == 1 else "s")
+                raise ExecutionError(f"sampling gave up after {self.max_draws:,} draws with {got} drawn: "
                                      "the language is too improbable for this sampler", hint=self.give_up_hint())
             what, arg = self.draw(w)
             if what == "token":
@@ -222,7 +223,7 @@ class Sampler:
         language allows, or where the completion reaches max_tokens."""
         if self.exact:
             return "use the local sampling mode (the default), or raise the draw budget (max_draws)"
-        rules = " and ".join(r for r, v in (("topk", self.rules.topk), ("topp", self.rules.topp)) if v is not None)
+        rules = self.rules.truncation()  # "topk 40 and topp 0.9"
         if not rules:
             return "raise max_tokens (a longer completion fails) or the draw budget (max_draws)"
         it = "them" if " and " in rules else "it"
