@@ -609,6 +609,12 @@ def test_numbers_at_the_edges(con):
     with pytest.raises(PlanError, match=r"topk is a whole number, not '1\.5'"):  # a parameter's text
         rows(con, "SELECT text MATCHING 'a' USING topk :k", {"k": "1.5"})
     assert len(rows(con, "SELECT text MATCHING 'a(b|c|d)' PREFIX 'a' USING topk :k", {"k": "50000"})) == 3
+    # one reading of a whole number everywhere: LIMIT, options and functions' arguments take a
+    # parameter's text and a float with no fraction alike
+    assert len(rows(con, "SELECT text MATCHING 'a(b|c|d)' LIMIT :n", {"n": "2e0"})) == 2
+    (got,) = rows(con, "SELECT regexp_extract(text, 'a(b)', :g) AS g, round(0.123, 2.0) AS r MATCHING 'ab'",
+                  {"g": "1"})
+    assert got == ("b", 0.12)  # the group number, not a group named '1'
 
 def test_regex_error_span_inside_a_computed_regex_is_the_expression(con):
     query = "SELECT text MATCHING escape(:x) || '(a'"

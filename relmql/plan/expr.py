@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional
 from .. import stats
 from ..records import COLUMN_KINDS, COMPUTED_COLUMNS
 from ..syntax import ast as A
-from .options import PlanError, shown
+from .options import PlanError, shown, whole_number
 
 _REGEX_SPECIAL = set(".^$*+?{}[]\\|()")
 
@@ -224,9 +224,8 @@ def _type_ok(kind: str, value) -> bool:
         return isinstance(value, (list, tuple))
     if kind == "sized":
         return isinstance(value, (str, list, tuple))
-    if kind == "int":  # a parameter's text too
-        return (isinstance(value, int) and not isinstance(value, bool)) or (
-            isinstance(value, str) and value.strip().lstrip("+-").isdigit())
+    if kind == "int":  # 2.0 and a parameter's text too
+        return whole_number(value) is not None
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -354,6 +353,7 @@ def _call(node: A.Call, env: Env):
         if not _type_ok(kind, v):
             raise PlanError(f"{name}() expects {_TYPE_WORDS.get(kind, kind)} here, "
                             f"got {_kind(v)} ({v!r})", a.span)
+    args = [whole_number(v) if kind == "int" else v for v, kind in zip(args, fn.types)]
     try:
         return fn.impl(*args)
     except re.error as e:

@@ -33,6 +33,26 @@ class PlanError(Error):
     kind = "error"
 
 
+
+def whole_number(value) -> Optional[int]:
+    """``value`` as a whole number, or None: an int, a float with no fraction (``1e3``), or text
+    that spells one (a parameter's value, ``-p n=10``). Booleans are not numbers here."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            try:
+                value = float(value)
+            except ValueError:
+                return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
 @dataclass(frozen=True)
 class OptionSpec:
     """One option. ``kind``: int, float, bool, choice, text or size (bytes); ``where``: the part of the plan it
@@ -85,21 +105,21 @@ class OptionSpec:
             if self.low is not None and value < self.low:
                 raise bad(f"must be at least {format_size(int(self.low))}, not {format_size(value)}")
             return value
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if self.kind == "int":
+            n = whole_number(value)
+            if n is None:
+                raise bad(f"is a whole number, not {shown(value)}")
+            value = n
+        else:
+            number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
             if isinstance(value, str):
                 try:
-                    value = float(value) if self.kind == "float" else int(value)
+                    number = float(value)
                 except ValueError:
-                    raise bad(f"is a {'whole ' if self.kind == 'int' else ''}number, not {shown(value)}") from None
-            else:
+                    pass
+            if number is None:
                 raise bad(f"is a number, not {shown(value)}")
-        if self.kind == "int":
-            if isinstance(value, float):
-                if not value.is_integer():
-                    raise bad(f"is a whole number, not {shown(value)}")
-                value = int(value)
-        else:
-            value = float(value)
+            value = float(number)
             if not math.isfinite(value):
                 raise bad(f"is a finite number, not {shown(value)}")
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)):

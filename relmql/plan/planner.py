@@ -15,7 +15,7 @@ from ..records import (COLUMNS, COMPUTED_COLUMNS, SAMPLE_BATCH_SIZE, CompileOpti
 from ..syntax import ast as A
 from ..syntax import string_literal_at, unparse
 from .expr import AGGREGATES, Env, check_calls, escape, evaluate, is_aggregate, kind
-from .options import OPTIONS, PlanError, option, shown
+from .options import OPTIONS, PlanError, option, shown, whole_number
 
 ORDER_COLUMNS = {"prob": "prob", "total_prob": "total_prob", "logprob": "prob", "total_logprob": "total_prob"}
 DEFAULT_COLUMNS = ("rank", "text", "prob")
@@ -193,13 +193,10 @@ def _text(node, params, source, where) -> str:
 
 def _count(node, params, source, what) -> int:
     value = constant(node, params, source, what)
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if isinstance(value, float) and value.is_integer():  # 1e3
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    n = whole_number(value)  # 1e3 and a parameter's text too
+    if n is None or n < 0:
         raise PlanError(f"{what} must be a whole number of zero or more, not {shown(value)}", node.span, source)
-    return value
+    return n
 
 
 def plan(query: A.Query, source: str, settings: Mapping[str, Any], params: Optional[Mapping[str, Any]] = None) -> Plan:
