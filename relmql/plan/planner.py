@@ -57,8 +57,8 @@ class QueryPlan:
 
     ``compile.exclude``: regexes removed from the language in the automaton (compiled filters),
     each written at ``exclude_spans`` (with its characters' ``exclude_offsets`` where it is a
-    string literal); ``where``: the part of WHERE evaluated on result rows. ``limit`` bounds the result rows
-    (after ``where``); aggregates run over them.
+    string literal); ``where``: the part of WHERE evaluated on result rows. ``limit`` bounds the
+    result rows (after ``where``); aggregates run over them.
     """
 
     source: str
