@@ -491,3 +491,35 @@ def test_sentencepiece_added_tokens_are_their_own_chunks(sentencepiece_tokenizer
         ta = compile(f"the ({words[0]}c|cat)", vocab, None, CompileOptions())
         assert any("left out" in w and "added tokens" in w for w in ta.warnings), words
         assert [vocab.decode(t) for t, _ in enumerate_paths(ta)] == ["the cat"]
+
+
+def test_threads_loading_a_model_at_once_load_it_once_and_alike(tiny, monkeypatch):
+    """Threads that ask one cache for a model not yet loaded wait for one load; two caches that
+    build tiny-gpt2 at once (its weights drawn from torch's global generator) get its weights."""
+    import threading
+
+    from relmql.models import registry
+    from relmql.records import ModelRef
+    real, calls = registry.load_model, []
+
+    def counted(*a, **k):
+        calls.append(a)
+        time.sleep(0.2)  # hold the load open so that the other threads arrive during it
+        return real(*a, **k)
+
+    monkeypatch.setattr(registry, "load_model", counted)
+    cache, got = registry.ModelCache(), []
+    ref = ModelRef(name="tiny-gpt2", device="cpu", dtype="float32")
+    threads = [threading.Thread(target=lambda: got.append(cache(ref))) for _ in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert len(calls) == 1 and len(got) == 4 and all(m is got[0] for m in got)
+
+    caches = [registry.ModelCache() for _ in range(3)]
+    threads = [threading.Thread(target=c, args=(ref,)) for c in caches]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    expected = tiny.model.state_dict()
+    for c in caches:
+        weights = c(ref).model.state_dict()
+        assert all(torch.equal(weights[k], expected[k]) for k in expected)

@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -156,6 +157,8 @@ def gpt2_tokenizer():
     return GPT2TokenizerFast(vocab=vocab, merges=merges)
 
 
+_SEEDED = threading.Lock()
+
 def load_tiny_gpt2(device: Optional[str] = None, dtype: Optional[str] = "float32") -> TransformersModel:
     """A 2-layer GPT-2 with random weights (seed 0) and GPT-2's real tokenizer: fast tests of
     GPT-2-vocabulary behaviour. Its weights are drawn wider than GPT-2's own initialisation so
@@ -166,7 +169,7 @@ def load_tiny_gpt2(device: Optional[str] = None, dtype: Optional[str] = "float32
     dt = resolve_dtype(dtype or "float32", dev)
     config = GPT2Config(vocab_size=50257, n_positions=512, n_embd=64, n_layer=2, n_head=4,
                         initializer_range=0.25, bos_token_id=50256, eos_token_id=50256)
-    with torch.random.fork_rng(devices=[]):
+    with _SEEDED, torch.random.fork_rng(devices=[]):  # the global generator: one seeded build at a time
         torch.manual_seed(0)
         model = GPT2LMHeadModel(config)
     model = model.to(dtype=dt, device=dev)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from ..errors import ModelError, closest
@@ -54,19 +55,26 @@ class ModelCache:
 
     Called with a ``ModelRef`` (anything with ``name``, ``device`` and ``dtype``) it gives that
     model, which makes it the ``models`` the engine runs plans with. ``put`` adds a model loaded
-    elsewhere (tests share one copy between sessions).
+    elsewhere (tests share one copy between sessions). Threads that ask for a model not yet
+    loaded wait for one load; they do not each load a copy.
     """
 
     def __init__(self):
         self._models: Dict[Tuple[str, Optional[str], Optional[str]], LanguageModel] = {}
         self.after_load: Optional[Callable[[LanguageModel], None]] = None  # called with each model loaded
+        self._loading = threading.Lock()
 
     def __call__(self, ref) -> LanguageModel:
         key = (ref.name, ref.device, ref.dtype)
-        if key not in self._models:
-            self._models[key] = load_model(ref.name, device=ref.device, dtype=ref.dtype)
-            if self.after_load is not None:
-                self.after_load(self._models[key])
+        model = self._models.get(key)
+        if model is not None:
+            return model
+        with self._loading:
+            if key not in self._models:
+                model = load_model(ref.name, device=ref.device, dtype=ref.dtype)
+                if self.after_load is not None:
+                    self.after_load(model)
+                self._models[key] = model
         return self._models[key]
 
     def put(self, name: str, device: Optional[str], dtype: Optional[str], model: LanguageModel) -> None:
