@@ -21,8 +21,13 @@ def __getattr__(name):
     if name in ("PlanError",):
         from .plan import PlanError
         return PlanError
+    if name in ("ExecutionError", "Cancelled", "stats"):
+        import importlib  # not "from . import": that asks this __getattr__ for the name again
+        if name == "stats":
+            return importlib.import_module(f"{__name__}.stats")
+        return getattr(importlib.import_module(f"{__name__}.records"), name)
     raise AttributeError(f"module 'relmql' has no attribute {name!r}")
 
 
 __all__ = ["connect", "sql", "Connection", "Result", "Error", "ParseError", "PlanError", "RegexError",
-           "CompileError", "ModelError", "__version__"]
+           "CompileError", "ModelError", "ExecutionError", "Cancelled", "stats", "__version__"]

@@ -18,7 +18,7 @@ from .models import BUILTIN_MODELS, LanguageModel, ModelCache
 from .output import render_table
 from .output.format import format_value
 from .plan import OPTIONS, ModelRef, PlanError, QueryPlan, TestPlan, constant, defaults, option, plan
-from .records import Stop
+from .records import Cancelled, Stop
 from .stats import Chi2Result, chi2_independence
 from .syntax import ast as A
 from .syntax import parse
@@ -38,6 +38,9 @@ class Result:
     ``max_memory``) that ended a search before its language or LIMIT was exhausted, one per
     search (per data row of a dataset query): the rows are exact and in order, but more may
     exist. ``approximate`` says why the numbers are approximate (a reduced dtype), or is None.
+
+    A query that fails (an error, ``cancel()``, Ctrl-C) fails every later read too: the rows read
+    before it stay in ``rows_so_far``, but no read returns them as if they were all.
     """
 
     def __init__(self, columns: Sequence[str], rows: Callable[["Result"], Iterator[tuple]], kind: str = "rows",
@@ -62,6 +65,8 @@ class Result:
         self._start, self._stop = start, stop
         self.stops: List[Stop] = []
         self.approximate: Optional[str] = None
+        self._failed: Optional[BaseException] = None  # raised again by every later read
+        self._reading = threading.RLock()  # one thread at a time advances the query
 
     @property
     def stopped(self) -> Optional[Stop]:
@@ -77,44 +82,62 @@ class Result:
             self._start()
 
     # -- reading
-    def _next(self) -> Optional[tuple]:
-        if self._done:
-            return None
-        if self._iter is None:
-            self._t0 = time.perf_counter()
-            self._iter = self._make(self)
-        _Progress.redraw()  # the row before is written: the bar back under it while this one is computed
-        try:
-            row = next(self._iter)
-        except StopIteration:
-            self._done = True
-            return None
-        except BaseException:
-            self._done = True
-            raise
-        self._rows.append(row)
-        self.times.append(time.perf_counter() - self._t0)
-        _Progress.clear()  # the row may be written to the same terminal
-        return row
+    @property
+    def rows_so_far(self) -> List[tuple]:
+        """The rows computed so far (all of them once the query has ended), without running it on."""
+        return list(self._rows)
+
+    def _next(self, have: int) -> Optional[tuple]:
+        """Row ``have`` (computing it if no other reader has): None at the end."""
+        with self._reading:
+            if have < len(self._rows):
+                return self._rows[have]
+            if self._failed is not None:
+                raise self._failed
+            if self._done:
+                return None
+            if self._iter is None:
+                self._t0 = time.perf_counter()
+                self._iter = self._make(self)
+            _Progress.redraw()  # the row before is written: the bar back under it while this one is computed
+            try:
+                row = next(self._iter)
+            except StopIteration:
+                self._done = True
+                return None
+            except KeyboardInterrupt:
+                self._done = True
+                self._failed = Cancelled(f"the query was interrupted after {len(self._rows):,} rows; "
+                                         "its rows are incomplete")
+                raise
+            except BaseException as e:
+                self._done = True
+                self._failed = e
+                raise
+            self._rows.append(row)
+            self.times.append(time.perf_counter() - self._t0)
+            _Progress.clear()  # the row may be written to the same terminal
+            return row
 
     def __iter__(self) -> Iterator[tuple]:
         i = 0
         while True:
-            if i < len(self._rows):
-                yield self._rows[i]
-                i += 1
-                continue
-            if self._next() is None:
+            row = self._next(i)
+            if row is None:
                 return
+            yield row
+            i += 1
 
     def fetchone(self) -> Optional[tuple]:
         """The next row not yet fetched, or None."""
-        if self._cursor >= len(self._rows) and self._next() is None:
-            return None
-        self._cursor += 1
-        return self._rows[self._cursor - 1]
+        with self._reading:
+            row = self._next(self._cursor)
+            if row is not None:
+                self._cursor += 1
+            return row
 
-    def fetchmany(self, n: int) -> List[tuple]:
+    def fetchmany(self, n: int = 1) -> List[tuple]:
+        """The next ``n`` rows not yet fetched (fewer at the end)."""
         out = []
         for _ in range(n):
             row = self.fetchone()
@@ -133,6 +156,7 @@ class Result:
             out.append(row)
 
     def to_dicts(self) -> List[Dict[str, Any]]:
+        """Every row as a dict from column name to value."""
         return [dict(zip(self.columns, r)) for r in self]
 
     def df(self):
@@ -143,16 +167,17 @@ class Result:
             raise Error("Result.df() needs pandas: pip install pandas") from None
         return pd.DataFrame(list(self), columns=list(self.columns))
 
-    def _head(self, n: int):
+    def _head(self, n: Optional[int]):
+        """The first ``n`` rows (all with None) and whether more exist (computing one more)."""
         rows = []
         for r in self:
             rows.append(r)
-            if len(rows) > n:
+            if n is not None and len(rows) > n:
                 break
-        return rows[:n], len(rows) > n
+        return rows[:n], n is not None and len(rows) > n
 
-    def show(self, max_rows: int = 20, file=None) -> None:
-        """Print up to ``max_rows`` rows as a table."""
+    def show(self, max_rows: Optional[int] = 20, file=None) -> None:
+        """Print up to ``max_rows`` rows as a table (None: all of them)."""
         file = file or sys.stdout
         if self.kind == "text":
             print("\n".join(r[0] for r in self), file=file)
@@ -219,7 +244,8 @@ class Result:
         if self.kind == "text":
             return "\n".join(r[0] for r in self)
         rows, more = self._head(10)
-        return render_table(self.columns, rows, more=more)
+        table = render_table(self.columns, rows, more=more)
+        return table + ("\n" + self.test.summary() if self.test_plan is not None else "")
 
     def _repr_html_(self) -> str:
         if self.kind != "rows":
@@ -228,7 +254,9 @@ class Result:
         head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(format_value(v, 200))}</td>" for v in r) + "</tr>"
                        for r in rows)
-        foot = f"<p>first {len(rows)} rows; more not fetched</p>" if more else ""
+        foot = f"<p>first {len(rows)} row{'s' if len(rows) != 1 else ''}; more not fetched</p>" if more else ""
+        if self.test_plan is not None:
+            foot += f"<p>{html.escape(self.test.summary())}</p>"
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{foot}"
 
 

@@ -79,7 +79,7 @@ def test_repr_is_a_bounded_table(con):
     body = [line for line in text.splitlines() if line.startswith("│")]
     assert [c.strip() for c in body[0].split("│")[1:-1]] == ["rank", "text", "prob"]
     assert len(body) == 1 + 10
-    assert text.splitlines()[-1] == "(10 of 10+ rows shown)"
+    assert text.splitlines()[-1] == "(first 10 rows shown; more not fetched)"
     few = repr(con.sql(SMALL + " LIMIT 3"))
     assert few.splitlines()[-1] == "(3 rows)"
     assert len([line for line in few.splitlines() if line.startswith("│")]) == 4
@@ -99,10 +99,12 @@ def test_repr_html(con):
 def test_show(con, capsys):
     con.sql(SMALL).show(max_rows=3)
     out = capsys.readouterr().out
-    assert out.splitlines()[-1] == "(3 of 3+ rows shown)"
+    assert out.splitlines()[-1] == "(first 3 rows shown; more not fetched)"
     assert sum(line.startswith("│") for line in out.splitlines()) == 4
     con.sql(SMALL + " LIMIT 2").show()
     assert capsys.readouterr().out.splitlines()[-1] == "(2 rows)"
+    con.sql("SELECT text MATCHING '(a|b|c|d|e)(f|g|h|i|j)' LIMIT 23").show(max_rows=None)  # every row
+    assert capsys.readouterr().out.splitlines()[-1] == "(23 rows)"
     con.sql("EXPLAIN " + SMALL).show()
     assert capsys.readouterr().out.startswith("model ")
     fresh(con).sql("SET topk = 5").show()
@@ -300,3 +302,42 @@ def test_each_row_is_handed_out_with_the_progress_bar_cleared(con, monkeypatch):
         # ...and is off the screen, the cursor at the start of its line, as the row is handed out
         assert raw.endswith("\r") and _current_line(raw).strip() == "", repr(raw[-200:])
     assert _current_line(err.getvalue()).strip() == ""  # closed: nothing left behind
+
+
+def test_a_result_that_failed_fails_every_later_read(con):
+    """An error, cancel() or Ctrl-C part way: no later read passes the rows so far off as all."""
+    r = con.sql("SELECT text MATCHING 'zq[0-9]{6}' USING sampling exact, max_draws 1 SAMPLE 20")
+    for read in (r.fetchall, r.fetchall, lambda: len(r), r.to_dicts):
+        with pytest.raises(relmql.Error, match="gave up after 1 draws"):
+            read()
+
+    def interrupted(result):
+        yield ("a",)
+        yield ("b",)
+        raise KeyboardInterrupt  # Ctrl-C while the third row is computed
+
+    r = relmql.Result(("x",), interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        r.fetchall()
+    for read in (r.fetchall, lambda: list(r), r.show):
+        with pytest.raises(relmql.Cancelled, match="interrupted after 2 rows"):
+            read()
+    assert r.rows_so_far == [("a",), ("b",)]
+
+    r = con.sql(SMALL + " LIMIT 5")
+    assert r.fetchone() is not None
+    r.cancel()
+    for read in (r.fetchall, r.fetchall):
+        with pytest.raises(relmql.Cancelled):
+            read()
+
+
+def test_threads_reading_one_result_share_its_rows(con):
+    import threading
+    expected = con.sql(SMALL + " LIMIT 18").fetchall()
+    r, got = con.sql(SMALL + " LIMIT 18"), []
+    threads = [threading.Thread(target=lambda: got.append(r.fetchall())) for _ in range(3)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert sorted(row for rows in got for row in rows) == sorted(expected)  # each row fetched once
+    assert list(r) == expected

@@ -85,8 +85,10 @@ def render_table(columns: Sequence[str], rows: Sequence[tuple], max_rows: Option
     out.append(_line(widths, "└", "┴", "┘"))
     left = len(rows) - len(shown)
     n = len(rows)
-    if left > 0 or more:
-        out.append(f"({len(shown)} of {n}{'+' if more else ''} rows shown)")
+    if more:  # the rows after these were not computed
+        out.append(f"(first {len(shown)} row{'s' if len(shown) != 1 else ''} shown; more not fetched)")
+    elif left > 0:
+        out.append(f"({len(shown)} of {n} rows shown)")
     else:
         out.append(f"({n} row{'s' if n != 1 else ''})")
     note = estimate_note(shown)
