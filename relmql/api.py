@@ -296,10 +296,14 @@ class Connection:
         self.models = ModelCache()  # the models loaded so far
         self._cluster = None
         self._cluster_key: Optional[tuple] = None  # the settings it was started with
-        given = dict(options, model=model, device=device, dtype=dtype, seed=seed, ray_address=address, engine=engine)
+        given = dict(options, model=model, device=device, dtype=dtype, seed=seed, engine=engine)
+        if address is not None:  # else ray_address=, as any option, may be among the options
+            given["ray_address"] = address
         for name, value in given.items():
             if value is not None:
                 self.set(name, value)
+        if not isinstance(progress, bool):
+            raise PlanError(f"progress is True or False, not {progress!r}")
         self.progress = progress
 
     # -- settings
@@ -343,7 +347,11 @@ class Connection:
     # -- statements
     def sql(self, text: str, params: Optional[Mapping[str, Any]] = None) -> Result:
         """Run ``text`` (one or more statements); the last statement's ``Result`` (lazy for
-        queries), the ones before it run to completion first."""
+        queries), the ones before it run to completion first. ``params``: the values of the
+        statements' ``:name`` parameters, by name."""
+        if params is not None and not isinstance(params, Mapping):
+            raise PlanError(f"params is a mapping from parameter names to values, such as {{'n': 3}}, "
+                            f"not {type(params).__name__}")
         statements = parse(text)
         if not statements:
             return Result((), lambda r: iter(()), kind="status", message="")
@@ -371,8 +379,9 @@ class Connection:
             else:
                 value = constant(st.value, dict(params or {}), text, "SET")
             self.set(spec.name, value, st.value.span, text)
-            shown = self.settings[spec.name]
-            return Result((), lambda r: iter(()), kind="status", message=f"SET {spec.name} = {shown}")
+            now = self.settings[spec.name]
+            now = "NULL" if now is None else now
+            return Result((), lambda r: iter(()), kind="status", message=f"SET {spec.name} = {now}")
         if isinstance(st, A.Show):
             return self._show(st, text)
         raise Error(f"cannot run {type(st).__name__}")

@@ -341,3 +341,18 @@ def test_threads_reading_one_result_share_its_rows(con):
     [t.join() for t in threads]
     assert sorted(row for rows in got for row in rows) == sorted(expected)  # each row fetched once
     assert list(r) == expected
+
+
+def test_connect_and_params_take_what_python_code_has_at_hand(con):
+    np = pytest.importorskip("numpy")
+    c = relmql.connect(model="tiny-gpt2", topk=np.int64(5), topp=np.float32(0.5), ray_address="ray://h:1")
+    assert (c.settings["topk"], c.settings["topp"], c.settings["ray_address"]) == (5, 0.5, "ray://h:1")
+    assert type(c.settings["topk"]) is int
+    assert relmql.connect(model="tiny-gpt2", address="ray://a:1").settings["ray_address"] == "ray://a:1"
+    got = con.sql("SELECT text MATCHING 'a(b|c)' LIMIT :n", {"n": np.int64(1)}).fetchall()
+    assert len(got) == 1  # numpy's integers are whole numbers (pandas gives them)
+    with pytest.raises(relmql.PlanError, match="params is a mapping .* not list"):
+        con.sql("SELECT text MATCHING :q", ["ab"])  # was read as {'a': 'b'}
+    with pytest.raises(relmql.PlanError, match="progress is True or False, not 'no'"):
+        relmql.connect(model="tiny-gpt2", progress="no")
+    assert fresh(con).sql("SET topk = NULL").message == "SET topk = NULL"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
@@ -36,11 +37,12 @@ class PlanError(Error):
 
 def whole_number(value) -> Optional[int]:
     """``value`` as a whole number, or None: an int, a float with no fraction (``1e3``), or text
-    that spells one (a parameter's value, ``-p n=10``). Booleans are not numbers here."""
+    that spells one (a parameter's value, ``-p n=10``); numpy's integers too. Booleans are not
+    numbers here."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
     if isinstance(value, str):
         try:
             return int(value)
@@ -111,7 +113,7 @@ class OptionSpec:
                 raise bad(f"is a whole number, not {shown(value)}")
             value = n
         else:
-            number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+            number = value if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
             if isinstance(value, str):
                 try:
                     number = float(value)
