@@ -116,7 +116,7 @@ def _main(args) -> int:
     scripts = [("-c", c) for c in args.command or []]
     for f in args.files:
         try:
-            scripts.append((f, Path(f).read_text(encoding="utf-8") if f != "-" else sys.stdin.read()))
+            scripts.append((f, Path(f).read_text(encoding="utf-8-sig") if f != "-" else sys.stdin.read().removeprefix("\ufeff")))
         except (OSError, UnicodeDecodeError) as e:
             print(f"error: cannot read {f}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
             return EXIT_ERROR

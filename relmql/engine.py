@@ -21,10 +21,10 @@ from .execute import Mass, Row, SearchStats, execute, measure
 from .execute.shortest import NO_ROW
 from .models import LanguageModel
 from .plan import DatasetPlan, ModelRef, Plan, QueryPlan, evaluate, plan_row, selected_rows
-from .plan.expr import Env
+from .plan.expr import Env, truth
 from .plan.options import PlanError, shown
 from .records import COLUMNS, COMPUTED_COLUMNS, Cancelled, Measure, Sample, Stop
-from .stats import Estimate, probability, sort_key
+from .stats import Estimate, hashable, probability, sort_key
 from .syntax import ast as A
 
 Models = Callable[[ModelRef], LanguageModel]
@@ -199,7 +199,7 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
         if progress is not None:
             progress(1)
         env = RowEnv(plan, row, emitted + 1, regex, mass)
-        if plan.where is not None and not _truth(_eval(plan.where, env, plan.source)):
+        if plan.where is not None and not _eval_truth(plan.where, env, plan.source):
             if mass is not None and not mass.exact:  # a draw all the same
                 yield RowEnv(plan, dataclasses.replace(row, miss=True), None, regex, mass)
             continue
@@ -289,13 +289,15 @@ def compile_plan(plan: QueryPlan, model: LanguageModel):
     return automaton
 
 
-def _truth(v) -> bool:
-    return bool(v) if v is not None else False
+def _eval_truth(node, env, source) -> bool:
+    """A WHERE condition's value on ``env`` (errors placed in ``source``)."""
+    return _eval(node, env, source, condition=True)
 
 
-def _eval(node, env, source):
+def _eval(node, env, source, condition: bool = False):
     try:
-        return evaluate(node, env)
+        value = evaluate(node, env)
+        return truth(value, node) if condition else value
     except Error as e:
         if e.source is None:
             e.source = source
@@ -358,7 +360,7 @@ def _key(plan: Plan, env: Env, beyond: List[bool]) -> tuple:
     for i, g in enumerate(plan.group_by):
         if isinstance(env, RowEnv):
             env.beyond = False
-        values.append(_hashable(_eval(g, env, plan.source)))
+        values.append(hashable(_eval(g, env, plan.source)))
         if getattr(env, "beyond", False):
             beyond[i] = True
     return tuple(values)
@@ -388,7 +390,7 @@ class _Measured:
                 if not beyond[i]:
                     env.beyond = False
                     try:
-                        value = _hashable(_eval(g, env, plan.source))
+                        value = hashable(_eval(g, env, plan.source))
                     except Error:  # a key that a string after the prefix cannot give is not the prefix's
                         env.beyond = True
                     beyond[i] = beyond[i] or env.beyond
@@ -458,10 +460,6 @@ class _EmptyEnv(Env):
 def _order(key: tuple):
     """Groups come out sorted by their values (NULL last; values of different types by type)."""
     return tuple(sort_key(v) for v in key)
-
-
-def _hashable(v):
-    return tuple(v) if isinstance(v, list) else v
 
 
 def _warned(envs: Iterator[Env], stops: List[Stop]) -> Iterator[Env]:

@@ -8,6 +8,7 @@ intervals for sampled proportions, and the χ² test of independence (scipy.stat
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -177,6 +178,14 @@ def sort_key(v):
     return (v is None, type(v).__name__ if not isinstance(v, (int, float)) else "", v if v is not None else 0)
 
 
+def hashable(v):
+    """``v`` as a key of a group or a cell: a list as a tuple (token lists), a JSON object (or a
+    list holding one) as its JSON text, so that data files' nested values can be grouped."""
+    if isinstance(v, dict) or (isinstance(v, list) and any(isinstance(x, (dict, list)) for x in v)):
+        return json.dumps(v, sort_keys=True, ensure_ascii=False, default=str)
+    return tuple(v) if isinstance(v, list) else v
+
+
 def contingency(rows: Sequence[Mapping[str, Any]], a: str, b: str, weight: Optional[str] = None
                 ) -> Tuple[List[Any], List[Any], np.ndarray]:
     """The table of ``a`` × ``b`` over ``rows`` (dicts): each row adds its ``weight`` (1 when
@@ -191,7 +200,7 @@ def contingency(rows: Sequence[Mapping[str, Any]], a: str, b: str, weight: Optio
             continue
         if isinstance(w, bool) or not isinstance(w, (int, float)):
             raise ValueError(f"the weight {weight!r} must be a number, not {w!r}")
-        key = tuple(tuple(v) if isinstance(v, list) else v for v in (r[a], r[b]))  # token lists
+        key = (hashable(r[a]), hashable(r[b]))
         cells[key] = cells.get(key, 0.0) + float(w)
     a_vals = sorted({k[0] for k in cells}, key=sort_key)
     b_vals = sorted({k[1] for k in cells}, key=sort_key)

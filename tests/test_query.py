@@ -507,6 +507,8 @@ BAD = [
     # (query, error class, text under the span, words of the message)
     ("SELECT text MATCHING 'a' WHERE", ParseError, "", "ends early"),
     ("SELECT text MATCHING 'a' LIMT 3", ParseError, "LIMT", "unexpected 'LIMT'"),
+    ("SELECT text MATCHING 'a' FOR EACH ROW IN 'x.csv' LIMIT 1 TEST INDEPENDENCE OF a, b", ParseError, "TEST",
+     "FOR EACH ROW IN comes last"),
     ("SELECT text FROM MATCHING 'a'", ParseError, "MATCHING", "FROM needs a model name before MATCHING"),
     ("SELECT text MATCHING 'a(b'", RegexError, "(", "missing )"),
     ("SELECT text MATCHING 'it''s a ''b'' [z-a]'", RegexError, "z", "bad character range"),
@@ -662,6 +664,46 @@ def test_errors_in_dataset_rows(con, tmp_path):
     with pytest.raises(PlanError, match=r"parameter :qq has no value; did you mean :q\?") as info:
         con.sql(query).fetchall()
     assert query[info.value.span[0]:info.value.span[1]] == ":qq"
+    latin1 = tmp_path / "latin1.csv"
+    latin1.write_bytes("q\ncaf\u00e9\n".encode("latin-1"))
+    query = f"SELECT text MATCHING escape(:q) FOR EACH ROW IN '{latin1}'"
+    with pytest.raises(PlanError, match="not UTF-8 text") as info:
+        con.sql(query).fetchall()
+    assert query[info.value.span[0]:info.value.span[1]] == f"'{latin1}'"
+
+
+def test_data_files_as_spreadsheets_and_editors_write_them(con, tmp_path):
+    """A byte-order mark (Excel's "CSV UTF-8", Notepad), numbers and booleans as CSV text, and
+    JSON objects as values: the same answers as the typed JSONL rows."""
+    csv_path, jsonl_path, words = tmp_path / "rows.csv", tmp_path / "rows.jsonl", tmp_path / "words.txt"
+    csv_path.write_text("\ufeffq,n,flag\na,1,true\nb,2,false\nc,3,TRUE\n", encoding="utf-8")
+    jsonl_path.write_text("\ufeff" + "".join(json.dumps(r) + "\n" for r in (
+        {"q": "a", "n": 1, "flag": True, "o": {"k": 1}}, {"q": "b", "n": 2, "flag": False, "o": {}},
+        {"q": "c", "n": 3, "flag": True, "o": {"k": 1}})), encoding="utf-8")
+    words.write_text("\ufeffa\nc\n", encoding="utf-8")
+    query = (f"SELECT :q AS q, :n * 10 AS n10, :q IN lines('{words}') AS listed MATCHING escape(:q) "
+             "FOR EACH ROW IN '{}' WHERE :n <> 2 AND :flag")
+    expected = [("a", 10, True), ("c", 30, True)]  # 'a': the first field and the first line, after the mark
+    assert rows(con, query.format(csv_path)) == rows(con, query.format(jsonl_path)) == expected
+    assert rows(con, f"SELECT :q AS q MATCHING escape(:q) FOR EACH ROW IN '{csv_path}' WHERE :n = 2") == [("b",)]
+    grouped = rows(con, f"SELECT :o AS o, count(*) AS c MATCHING escape(:q) GROUP BY o FOR EACH ROW IN '{jsonl_path}'")
+    assert sorted(grouped, key=lambda r: r[1]) == [({}, 1), ({"k": 1}, 2)]  # objects are grouped by value
+    with pytest.raises(PlanError, match=r"a condition is true or false, not text \('a'\)") as info:
+        rows(con, f"SELECT :q AS q MATCHING escape(:q) FOR EACH ROW IN '{csv_path}' WHERE :q")
+    assert info.value.hint and "compare it" in info.value.hint
+
+
+def test_text_that_spells_a_number_is_one_where_a_number_is_needed(con):
+    """A parameter's value is text (``-p n=2``); compared with a number, in arithmetic or as a
+    number argument it is the number it spells, and other text is an error, not false."""
+    (got,) = rows(con, "SELECT :n = 2 AS eq, :n + 1 AS s, -:n AS neg, round(:x, 1) AS r, :n > 1.5 AS gt MATCHING 'a'",
+                  {"n": "2", "x": "0.25"})
+    assert got == (True, 3, -2, 0.2, True)
+    with pytest.raises(PlanError, match="cannot compare text with a number"):
+        rows(con, "SELECT :w > 1 AS x MATCHING 'a'", {"w": "abc"})
+    assert rows(con, "SELECT :w = 'abc' AS x, :w = 1 AS y MATCHING 'a'", {"w": "abc"}) == [(True, False)]
+    with pytest.raises(PlanError, match="a condition is true or false"):
+        rows(con, "SELECT text MATCHING 'a(b|c)' WHERE 'maybe'")
 
 
 # -- golden files

@@ -48,7 +48,7 @@ def _any_of(items) -> str:
 def _lines(path: str) -> list:
     p = Path(path).expanduser()
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of the first line
     except FileNotFoundError:
         raise ValueError(f"no file {path!r} (relative paths start at {Path.cwd()})") from None
     except OSError as e:
@@ -226,7 +226,7 @@ def _type_ok(kind: str, value) -> bool:
         return isinstance(value, (str, list, tuple))
     if kind == "int":  # 2.0 and a parameter's text too
         return whole_number(value) is not None
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return _number_of(value) is not None  # "number": a parameter's text too
 
 
 _TYPE_WORDS = {"text": "text", "list": "a list", "sized": "text or a list", "int": "a whole number",
@@ -249,16 +249,15 @@ def evaluate(node: A.Node, env: Env) -> Any:
     if isinstance(node, A.Unary):
         v = evaluate(node.operand, env)
         if node.op == "NOT":
-            return not _truth(v)
+            return not truth(v, node.operand)
         if v is None:
             return None
-        _need_number(v, node.operand)
-        return -v
+        return -_need_number(v, node.operand)
     if isinstance(node, A.Binary):
         if node.op == "AND":
-            return _truth(evaluate(node.left, env)) and _truth(evaluate(node.right, env))
+            return truth(evaluate(node.left, env), node.left) and truth(evaluate(node.right, env), node.right)
         if node.op == "OR":
-            return _truth(evaluate(node.left, env)) or _truth(evaluate(node.right, env))
+            return truth(evaluate(node.left, env), node.left) or truth(evaluate(node.right, env), node.right)
         a, b = evaluate(node.left, env), evaluate(node.right, env)
         if node.op == "||":
             if a is None or b is None:
@@ -268,14 +267,16 @@ def evaluate(node: A.Node, env: Env) -> Any:
             if a is None or b is None:
                 return (a is None and b is None) if node.op == "=" else \
                     (not (a is None and b is None)) if node.op == "<>" else False
+            if isinstance(a, str) != isinstance(b, str) and _number_of(a) is not None and \
+                    _number_of(b) is not None:  # '2' = 2: a parameter's or a CSV field's text
+                a, b = _number_of(a), _number_of(b)
             try:
                 return _COMPARE[node.op](a, b)
             except TypeError:
                 raise PlanError(f"cannot compare {_kind(a)} with {_kind(b)}", node.span) from None
         if a is None or b is None:
             return None
-        _need_number(a, node.left)
-        _need_number(b, node.right)
+        a, b = _need_number(a, node.left), _need_number(b, node.right)
         if node.op in "/%" and b == 0:
             return None
         return _ARITH[node.op](a, b)
@@ -308,8 +309,37 @@ def evaluate(node: A.Node, env: Env) -> Any:
     raise PlanError(f"cannot evaluate {type(node).__name__}", getattr(node, "span", None))
 
 
-def _truth(v) -> bool:
-    return bool(v) if v is not None else False
+def truth(v, node: A.Node) -> bool:
+    """A condition's value (NULL: false). Numbers are conditions (0 is false), as in SQL engines
+    that cast them, and so is the text 'true' or 'false' (a parameter's value, a CSV field);
+    other text, lists and objects are not."""
+    if v is None:
+        return False
+    if isinstance(v, str) and v.strip().lower() in ("true", "false"):
+        return v.strip().lower() == "true"
+    if isinstance(v, (str, list, tuple, dict)):
+        raise PlanError(f"a condition is true or false, not {_kind(v)} ({shown(v)})", node.span,
+                        hint="compare it: x = 'yes', x IS NOT NULL, length(x) > 0")
+    return bool(v)
+
+
+def _number_of(v):
+    """``v`` as a number where one is needed: numbers as they are, text that spells one (a
+    parameter's value, a CSV field) converted; None otherwise."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return v
+    if isinstance(v, str):
+        n = whole_number(v)
+        if n is not None and "." not in v and "e" not in v.lower():
+            return n
+        try:
+            f = float(v)
+        except ValueError:
+            return None
+        return f if math.isfinite(f) else None  # 'nan' and 'inf' stay words
+    return None
 
 
 def _kind(v) -> str:
@@ -324,8 +354,10 @@ def _text(v, node) -> str:
 
 
 def _need_number(v, node):
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise PlanError(f"expected a number, got {_kind(v)} ({v!r})", node.span)
+    n = _number_of(v)
+    if n is None:
+        raise PlanError(f"expected a number, got {_kind(v)} ({shown(v)})", node.span)
+    return n
 
 
 def _call(node: A.Call, env: Env):
@@ -353,7 +385,8 @@ def _call(node: A.Call, env: Env):
         if not _type_ok(kind, v):
             raise PlanError(f"{name}() expects {_TYPE_WORDS.get(kind, kind)} here, "
                             f"got {_kind(v)} ({v!r})", a.span)
-    args = [whole_number(v) if kind == "int" else v for v, kind in zip(args, fn.types)]
+    args = [whole_number(v) if kind == "int" else _number_of(v) if kind == "number" else v
+            for v, kind in zip(args, fn.types)]
     try:
         return fn.impl(*args)
     except re.error as e:

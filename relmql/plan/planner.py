@@ -14,7 +14,7 @@ from ..records import (COLUMNS, COMPUTED_COLUMNS, SAMPLE_BATCH_SIZE, CompileOpti
                        Sample, ShortestPath, Traversal)
 from ..syntax import ast as A
 from ..syntax import string_literal_at, unparse
-from .expr import AGGREGATES, Env, check_calls, escape, evaluate, is_aggregate, kind
+from .expr import AGGREGATES, Env, check_calls, escape, evaluate, is_aggregate, kind, truth
 from .options import OPTIONS, PlanError, option, shown, whole_number
 
 ORDER_COLUMNS = {"prob": "prob", "total_prob": "total_prob", "logprob": "prob", "total_logprob": "total_prob"}
@@ -523,41 +523,49 @@ def _plan_dataset(query: A.Query, source: str, settings, params) -> DatasetPlan:
 
 def iter_rows(path: str, source: str = "", span=None) -> Iterator[Dict[str, Any]]:
     """The rows of a JSONL, JSON (a list of objects), CSV or TSV file as dicts, each with its 1-based
-    ``row_number``."""
-    p = Path(path).expanduser()
-    lower = path.lower()
+    ``row_number``. The file is UTF-8 text (a byte-order mark at its start is dropped)."""
     try:
-        f = p.open(encoding="utf-8", newline="")
+        f = Path(path).expanduser().open(encoding="utf-8-sig", newline="")
     except OSError as e:
         raise PlanError(f"cannot open {path!r}: {e.strerror}", span, source or None) from None
     with f:
-        if lower.endswith((".csv", ".tsv")):
-            reader = csv.DictReader(f, delimiter="\t" if lower.endswith(".tsv") else ",")
-            for i, row in enumerate(reader, 1):
-                yield {**{_field(k): v for k, v in row.items() if k is not None}, "row_number": i}
-            return
-        if lower.endswith(".json"):
-            try:
-                data = json.load(f)
-            except json.JSONDecodeError as e:
-                raise PlanError(f"{path}: not JSON: {e}", span, source or None) from None
-            if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-                raise PlanError(f"{path}: a .json data file is a list of objects", span, source or None)
-            for i, row in enumerate(data, 1):
-                yield {**{_field(k): v for k, v in row.items()}, "row_number": i}
-            return
-        n = 0
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PlanError(f"{path}, line {line_no}: not JSON: {e.msg}", span, source or None) from None
-            if not isinstance(row, dict):
-                raise PlanError(f"{path}, line {line_no}: each line must be a JSON object", span, source or None)
-            n += 1
-            yield {**{_field(k): v for k, v in row.items()}, "row_number": n}
+        try:
+            yield from _file_rows(f, path, source, span)
+        except UnicodeDecodeError as e:
+            raise PlanError(f"cannot read {path!r}: not UTF-8 text ({e.reason})", span, source or None,
+                            hint="save it as UTF-8 (iconv -f latin1 -t utf-8 does for Latin-1)") from None
+
+
+def _file_rows(f, path: str, source: str, span) -> Iterator[Dict[str, Any]]:
+    """``iter_rows`` of the open file ``f``."""
+    lower = path.lower()
+    if lower.endswith((".csv", ".tsv")):
+        reader = csv.DictReader(f, delimiter="\t" if lower.endswith(".tsv") else ",")
+        for i, row in enumerate(reader, 1):
+            yield {**{_field(k): v for k, v in row.items() if k is not None}, "row_number": i}
+        return
+    if lower.endswith(".json"):
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"{path}: not JSON: {e}", span, source or None) from None
+        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+            raise PlanError(f"{path}: a .json data file is a list of objects", span, source or None)
+        for i, row in enumerate(data, 1):
+            yield {**{_field(k): v for k, v in row.items()}, "row_number": i}
+        return
+    n = 0
+    for line_no, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"{path}, line {line_no}: not JSON: {e.msg}", span, source or None) from None
+        if not isinstance(row, dict):
+            raise PlanError(f"{path}, line {line_no}: each line must be a JSON object", span, source or None)
+        n += 1
+        yield {**{_field(k): v for k, v in row.items()}, "row_number": n}
 
 
 def _field(name: str) -> str:
@@ -583,7 +591,10 @@ def row_selected(dplan: DatasetPlan, row: Mapping[str, Any]) -> bool:
         return True
     params = {**dict(dplan.params), **row}
     value = constant(dplan.row_where, params, dplan.source, "FOR EACH ROW ... WHERE")
-    return bool(value)
+    try:
+        return truth(value, dplan.row_where)
+    except Error as e:
+        raise _sourced(e, dplan.source) from None
 
 
 __all__ = ["TestPlan", "TESTS", "plan", "plan_row", "row_selected", "selected_rows", "constant", "iter_rows", "QueryPlan", "DatasetPlan", "Plan", "ModelRef", "Output",

@@ -161,7 +161,7 @@ def _read(shell, arg):
         raise Error(".read needs a FILE")
     path = os.path.expanduser(arg.strip("'\""))
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
         raise Error(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
     shell.run_text(text, name=path)

@@ -143,6 +143,8 @@ def _syntax_error(e: UnexpectedInput, text: str) -> ParseError:
             hint = "DISTINCT is not supported: GROUP BY gives each value once (SELECT text, count(*) ... GROUP BY text)"
         elif tok.type == "SELECT":
             hint = "SELECT comes first in a query; the other clauses follow it in any order"
+        elif tok.type in _CLAUSES and re.search(r"\bFOR\s+EACH\s+ROW\s+IN\b", before, re.IGNORECASE):
+            hint = f"FOR EACH ROW IN comes last in a query: put {tok.type} before it"
         else:  # a keyword in the wrong place is not a misspelling of another keyword
             hint = _did_you_mean(str(tok), e.expected) if tok.type in ("NAME", "MODEL_NAME") else None
         return ParseError(f"unexpected {_token_text(tok)}; expected {_describe(e.expected)}", span, text, hint=hint)
