@@ -650,3 +650,25 @@ def test_what_is_alive_once_a_model_is_loaded_leaves_the_cycle_collector(capsys)
     code, out, _ = run(capsys, "-c", "SELECT text MATCHING 'The (cat|dog)' LIMIT 1")
     assert code == 0 and out
     assert gc.get_freeze_count() > 10_000
+
+
+@pytest.mark.parametrize("fmt", ["table", "json"])
+def test_an_error_after_some_rows_keeps_them_in_a_whole_document(capsys, fmt):
+    # ln(2 - rank): rows 1 and 2 are written, row 3 takes the logarithm of a negative number
+    query = "SELECT rank, ln(2 - rank) AS y MATCHING 'a(b|c|d)' LIMIT 3;"
+    code, out, err = run(capsys, "--format", fmt, "-c", query)
+    assert code == 1 and "logarithm of a negative number" in err
+    if fmt == "json":
+        assert [r["rank"] for r in json.loads(out)] == [1, 2]  # the array is closed
+    else:
+        assert out.splitlines()[0].startswith("┌") and out.splitlines()[-2].startswith("└")
+        assert out.splitlines()[-1] == "(2 rows)"
+
+
+def test_tables_count_wide_characters_as_two_columns(capsys):
+    code, out, _ = run(capsys, "--format", "table", "-c", "SELECT '日本語' AS s, 'x😀' AS \"名\" MATCHING 'a';")
+    assert code == 0
+    from relmql.errors import display_width
+    lines = out.splitlines()[:-1]
+    assert len({display_width(line) for line in lines}) == 1, lines  # every line as wide as the box
+    assert "│ 日本語 │ x😀 │" in out

@@ -9,7 +9,7 @@ import math
 import shutil
 from typing import IO, Iterable, Iterator, List, Optional, Sequence
 
-from ..errors import Error
+from ..errors import Error, display_width
 
 FORMATS = ("table", "csv", "json", "jsonl")
 _NUMERIC_WIDTH = 12
@@ -29,8 +29,10 @@ def format_value(v, width: Optional[int] = None) -> str:
         text = "[" + ", ".join(format_value(x) for x in v) + "]"
     else:
         text = str(v).replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
-    if width is not None and len(text) > width:
-        text = text[:max(0, width - 1)] + "…"
+    if width is not None and display_width(text) > width:  # wide characters take two columns
+        while text and display_width(text) > width - 1:
+            text = text[:-1]
+        text += "…"
     return text
 
 
@@ -60,7 +62,8 @@ def _line(widths, left, mid, right) -> str:
 def _cells(values, widths, numeric) -> str:
     parts = []
     for v, w, num in zip(values, widths, numeric):
-        parts.append(" " + (v.rjust(w) if num else v.ljust(w)) + " ")
+        pad = " " * max(0, w - display_width(v))
+        parts.append(" " + (pad + v if num else v + pad) + " ")
     return "│" + "│".join(parts) + "│"
 
 
@@ -71,7 +74,7 @@ def render_table(columns: Sequence[str], rows: Sequence[tuple], max_rows: Option
     max_width = max_width or shutil.get_terminal_size((120, 24)).columns
     shown = list(rows if max_rows is None else rows[:max_rows])
     cells = [[format_value(v) for v in r] for r in shown]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    widths = [max([display_width(c)] + [display_width(r[i]) for r in cells]) for i, c in enumerate(columns)]
     budget = max_width - (3 * len(columns) + 1)
     while sum(widths) > budget and max(widths) > 8:
         i = widths.index(max(widths))
@@ -107,11 +110,11 @@ class StreamingTable:
         width = width or shutil.get_terminal_size((120, 24)).columns
         kinds = kinds or ["text"] * len(columns)
         fixed = {"number": _NUMERIC_WIDTH, "rank": 5, "bool": 9}
-        widths = [max(len(c), fixed.get(k, 0)) for c, k in zip(columns, kinds)]
+        widths = [max(display_width(c), fixed.get(k, 0)) for c, k in zip(columns, kinds)]
         flexible = [i for i, k in enumerate(kinds) if k not in fixed]
         budget = width - (3 * len(columns) + 1) - sum(widths[i] for i in range(len(widths)) if i not in flexible)
         for i in flexible:
-            widths[i] = max(len(columns[i]), 8, budget // max(1, len(flexible)))
+            widths[i] = max(display_width(columns[i]), 8, budget // max(1, len(flexible)))
         self.widths = widths
         self.numeric = [k in ("number", "rank") for k in kinds]
         self._head = False
@@ -196,7 +199,8 @@ def write(columns: Sequence[str], rows: Iterable[tuple], fmt: str, out: IO[str],
           kinds: Optional[Sequence[str]] = None, width: Optional[int] = None) -> int:
     """Write ``rows`` in format ``fmt``, each row as soon as it arrives (tables: when ``stream``,
     ``width`` columns wide, otherwise sized to fit once all rows are in); returns the number of
-    rows. Nothing is written when reading the first row fails."""
+    rows. Nothing is written when reading the first row fails; a later failure (an error, Ctrl-C)
+    still writes the rows before it as a whole table or a closed JSON array, then is raised."""
     n = 0
     rows = started(rows)
     if fmt == "table":
@@ -208,8 +212,11 @@ def write(columns: Sequence[str], rows: Iterable[tuple], fmt: str, out: IO[str],
             finally:
                 table.close()
             return table.count
-        buffered: List[tuple] = list(rows)
-        out.write(render_table(columns, buffered) + "\n")
+        buffered: List[tuple] = []
+        try:
+            buffered.extend(rows)
+        finally:
+            out.write(render_table(columns, buffered) + "\n")
         return len(buffered)
     rows = (tuple(_plain(v) for v in r) for r in rows)
     if fmt == "csv":
@@ -228,12 +235,14 @@ def write(columns: Sequence[str], rows: Iterable[tuple], fmt: str, out: IO[str],
         return n
     if fmt == "json":
         out.write("[")
-        for r in rows:
-            out.write(("," if n else "") + "\n  " + json.dumps({c: _jsonable(v) for c, v in zip(columns, r)},
-                                                              ensure_ascii=False))
-            out.flush()
-            n += 1
-        out.write("\n]\n" if n else "]\n")
+        try:
+            for r in rows:
+                out.write(("," if n else "") + "\n  " + json.dumps({c: _jsonable(v) for c, v in zip(columns, r)},
+                                                                  ensure_ascii=False))
+                out.flush()
+                n += 1
+        finally:
+            out.write("\n]\n" if n else "]\n")
         return n
     raise ValueError(f"unknown format {fmt!r}; use {', '.join(FORMATS)}")
 
