@@ -326,7 +326,12 @@ def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
     if not plan.aggregate:
         for env in envs:
             if not _counts_only(env):
-                yield tuple(_eval(o.expr, env, plan.source) for o in outputs)
+                try:
+                    yield tuple(_eval(o.expr, env, plan.source) for o in outputs)
+                except Error as e:
+                    if isinstance(plan, DatasetPlan) and isinstance(env, RowEnv):
+                        raise in_data_row(e, plan, env.plan.param_dict().get("row_number")) from None
+                    raise
         return
     groups: Dict[Any, List[Env]] = {}
     hits, counted = [], []
@@ -470,6 +475,13 @@ def _warned(envs: Iterator[Env], stops: List[Stop]) -> Iterator[Env]:
         print(stop_warning(stop), file=sys.stderr)
 
 
+def in_data_row(e: Error, plan: DatasetPlan, number) -> Error:
+    """``e`` saying which data row it arose in (its query's text is the same for every row)."""
+    if number is not None and not isinstance(e, Cancelled) and " (data row " not in e.message:
+        e.message += f" (data row {number} of {plan.path})"
+    return e
+
+
 def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total, masses, stopped) -> Iterator[Env]:
     selected = selected_rows(plan)
     if on_total is not None:
@@ -479,12 +491,15 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total,
     for data in selected:
         if cancel is not None and cancel.is_set():
             raise Cancelled("the query was cancelled")
-        qplan = plan_row(plan, data)
         found = False
         before = len(masses)
-        for env in query_rows(qplan, models, cancel, stopped=stopped, masses=masses, no_row=empty):
-            found = True
-            yield env
+        try:
+            qplan = plan_row(plan, data)
+            for env in query_rows(qplan, models, cancel, stopped=stopped, masses=masses, no_row=empty):
+                found = True
+                yield env
+        except Error as e:
+            raise in_data_row(e, plan, data.get("row_number")) from None
         if not found and len(masses) == before:  # the row still counts: one row of NULL results (as a LEFT
             yield RowEnv(qplan, None, None, match_regex(qplan))     # JOIN would give); a measured one counts as 0
         if progress is not None:
@@ -495,5 +510,5 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total,
         print(no_row_rows_note(empty, len(selected)), file=sys.stderr)
 
 
-__all__ = ["run", "query_rows", "compile_plan", "load", "RowEnv", "match_regex", "stop_warning",
+__all__ = ["run", "query_rows", "in_data_row", "compile_plan", "load", "RowEnv", "match_regex", "stop_warning",
            "stopped_rows_warning", "no_row_note", "no_row_rows_note"]

@@ -664,6 +664,13 @@ def test_errors_in_dataset_rows(con, tmp_path):
     with pytest.raises(PlanError, match=r"parameter :qq has no value; did you mean :q\?") as info:
         con.sql(query).fetchall()
     assert query[info.value.span[0]:info.value.span[1]] == ":qq"
+    gap = tmp_path / "gap.jsonl"  # the second data row lacks the field (it is on line 3)
+    gap.write_text('{"q": "a"}\n\n{"r": "b"}\n', encoding="utf-8")
+    with pytest.raises(PlanError, match=rf"parameter :q has no value.*\(data row 2 of {re.escape(str(gap))}\)"):
+        con.sql(f"SELECT text MATCHING escape(:q) FOR EACH ROW IN '{gap}'").fetchall()
+    with pytest.raises(PlanError, match=r"escape\(\) expects text here, got a number \(1\) \(data row 2 of"):
+        gap.write_text('{"q": "a"}\n{"q": 1}\n', encoding="utf-8")
+        con.sql(f"SELECT escape(:q) AS e MATCHING 'a' FOR EACH ROW IN '{gap}'").fetchall()
     latin1 = tmp_path / "latin1.csv"
     latin1.write_bytes("q\ncaf\u00e9\n".encode("latin-1"))
     query = f"SELECT text MATCHING escape(:q) FOR EACH ROW IN '{latin1}'"

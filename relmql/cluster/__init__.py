@@ -203,7 +203,8 @@ class Statement:
 
     def rows(self, cancel: Optional[threading.Event], progress: Optional[Callable[[int], None]],
              on_total: Optional[Callable[..., None]], masses: list, stops: list) -> Iterator:
-        from ..engine import RowEnv, match_regex, no_row_note, no_row_rows_note, stop_warning, stopped_rows_warning
+        from ..engine import (RowEnv, in_data_row, match_regex, no_row_note, no_row_rows_note, stop_warning,
+                              stopped_rows_warning)
         job = self._make()
         dataset = isinstance(self.plan, DatasetPlan)
         if on_total is not None and dataset:
@@ -226,6 +227,8 @@ class Statement:
             if not finished:
                 continue
             if unit.error is not None:
+                if dataset and isinstance(unit.error, Error):  # as in-process: which data row
+                    raise in_data_row(unit.error, self.plan, self.selected[job.units.index(unit)].get("row_number"))
                 raise unit.error
             if dataset and unit.received == 0 and unit.mass is None:
                 yield RowEnv(unit.plan, None, None, regex)  # the row still counts, as in-process
