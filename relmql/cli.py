@@ -86,6 +86,9 @@ def _format(args, out: IO[str]) -> str:
         ext = Path(args.output).suffix.lower().lstrip(".")
         if ext in FORMATS:
             return ext
+        if ext not in ("txt", ""):
+            print(f"note: no output format is named .{ext}: writing JSON lines to {args.output} (--format "
+                  f"chooses one of {', '.join(FORMATS)})", file=sys.stderr)
         return "table" if ext in ("txt", "") else "jsonl"
     return "table" if out.isatty() else "jsonl"
 

@@ -222,6 +222,28 @@ def test_output_file_format_follows_its_extension(capsys, tmp_path, expected, na
     assert parse(path.read_text(encoding="utf-8")) == [r["text"] for r in expected]
 
 
+@pytest.mark.parametrize("name, parse", [
+    ("dot.json", lambda s: [r["text"] for r in json.loads(s)]),
+    ("dot.csv", lambda s: [r[0] for r in list(csv.reader(io.StringIO(s)))[1:]]),
+])
+def test_dot_output_follows_the_extension_as_the_flag_does(capsys, tmp_path, name, parse):
+    path = tmp_path / name
+    script = tmp_path / "s.rql"
+    script.write_text(f".output {path}\nSELECT text MATCHING 'a(b|c)';\n.output\nSELECT text MATCHING 'x(b|c)';\n",
+                      encoding="utf-8")
+    code, out, err = run(capsys, str(script))
+    assert code == 0, err
+    assert sorted(parse(path.read_text(encoding="utf-8"))) == ["ab", "ac"]
+    assert sorted(r["text"] for r in jsonl(out)) == ["xb", "xc"]  # back to the script's own format
+
+
+def test_an_output_extension_that_is_no_format_says_what_is_written(capsys, tmp_path):
+    path = tmp_path / "out.tsv"
+    code, _, err = run(capsys, "-o", str(path), "-c", "SELECT text MATCHING 'a(b|c)';")
+    assert code == 0 and "no output format is named .tsv: writing JSON lines" in err
+    assert len(jsonl(path.read_text(encoding="utf-8"))) == 2
+
+
 def test_output_format_flag_wins_over_the_extension(capsys, tmp_path):
     path = tmp_path / "out.csv"
     code, _, _ = run(capsys, "--format", "jsonl", "-o", str(path), "-c", QUERY + " LIMIT 2;")

@@ -141,7 +141,7 @@ def _mode(shell, arg):
         near = closest(mode, FORMATS)
         raise Error(f"unknown mode {arg!r}; modes: {', '.join(FORMATS)}" +
                     (f"; did you mean {near}?" if near else ""))
-    shell.mode = mode
+    shell.mode, shell.mode_before_output = mode, None  # chosen: it outlasts an .output file
 
 
 @command(".timer", "[on|off]", "print the time each statement takes (no argument: switch)", complete="onoff")
@@ -167,7 +167,8 @@ def _read(shell, arg):
     shell.run_text(text, name=path)
 
 
-@command(".output", "[FILE]", "write results to FILE (replacing it); back to the screen with no FILE",
+@command(".output", "[FILE]", "write results to FILE (replacing it; .csv, .json and .jsonl in that format); back "
+                             "to the screen with no FILE",
          complete="path")
 def _output(shell, arg):
     if not arg:

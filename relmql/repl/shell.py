@@ -8,6 +8,7 @@ No prompt_toolkit here: ``Shell`` reads nothing, it is handed text (by ``run_rep
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -74,6 +75,7 @@ class Shell:
         self.out_path: Optional[str] = None
         self.params = params
         self.mode = "table"
+        self.mode_before_output: Optional[str] = None  # set while an .output file's extension chose the mode
         self.timer = False
         self.explain = False
         self.done = False
@@ -102,8 +104,9 @@ class Shell:
                       "hint: this is a bug in relmql; the shell keeps running")
 
     def set_output(self, path: Optional[str]) -> None:
-        """Results to the file at ``path`` (None: back to the screen)."""
-        from ..output import Sink
+        """Results to the file at ``path`` (None: back to the screen). A file named .csv, .json or
+        .jsonl is written in that format, as ``--output`` is, until results go elsewhere."""
+        from ..output import FORMATS, Sink
         new = self.screen
         if path is not None:
             try:
@@ -112,6 +115,9 @@ class Shell:
                 raise Error(f"cannot write {path}: {e.strerror or e}") from None
         self.close()
         self.out, self.out_path = new, path
+        ext = os.path.splitext(path or "")[1].lower().lstrip(".")
+        if ext in FORMATS and ext != self.mode:
+            self.mode_before_output, self.mode = self.mode, ext
 
     def close(self) -> None:
         if self.out is not self.screen:
@@ -120,6 +126,8 @@ class Shell:
             except OSError:
                 pass
         self.out, self.out_path = self.screen, None
+        if self.mode_before_output is not None:  # the mode the file's extension chose ends with it
+            self.mode, self.mode_before_output = self.mode_before_output, None
 
     # -- input
     def handle(self, text: str) -> None:
