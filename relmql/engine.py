@@ -484,6 +484,9 @@ def in_data_row(e: Error, plan: DatasetPlan, number) -> Error:
 
 def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total, masses, stopped) -> Iterator[Env]:
     selected = selected_rows(plan)
+    if not selected:
+        print(f"note: no data rows to run in {plan.path}" + (" (after its WHERE)" if plan.row_where is not None
+                                                               else ""), file=sys.stderr)
     if on_total is not None:
         on_total(len(selected))
     before_stops = len(stopped)

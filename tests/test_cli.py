@@ -694,3 +694,21 @@ def test_tables_count_wide_characters_as_two_columns(capsys):
     lines = out.splitlines()[:-1]
     assert len({display_width(line) for line in lines}) == 1, lines  # every line as wide as the box
     assert "│ 日本語 │ x😀 │" in out
+
+
+def test_json_objects_from_data_files_are_json_in_every_format(capsys, tmp_path):
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"o": {"k": "é"}, "l": [1, "x"]}\n', encoding="utf-8")
+    query = f"SELECT :o AS o, :l AS l MATCHING 'a' LIMIT 1 FOR EACH ROW IN '{data}';"
+    code, out, _ = run(capsys, "--format", "csv", "-c", query)
+    assert code == 0 and list(csv.reader(io.StringIO(out)))[1] == ['{"k": "é"}', '[1, "x"]']
+    code, out, _ = run(capsys, "--format", "table", "-c", query)
+    assert '│ {"k": "é"} │ [1, x] │' in out
+
+
+def test_an_empty_data_file_says_so(capsys, tmp_path):
+    data = tmp_path / "none.csv"
+    data.write_text("q\n", encoding="utf-8")
+    code, out, err = run(capsys, "-c", f"SELECT count(*) AS c MATCHING 'a' FOR EACH ROW IN '{data}';")
+    assert code == 0 and jsonl(out) == [{"c": 0}]
+    assert err == f"note: no data rows to run in {data}\n"

@@ -27,6 +27,8 @@ def format_value(v, width: Optional[int] = None) -> str:
         text = f"{v:.6g}"
     elif isinstance(v, (list, tuple)):
         text = "[" + ", ".join(format_value(x) for x in v) + "]"
+    elif isinstance(v, dict):  # a data file's JSON object, as JSON
+        text = json.dumps(v, ensure_ascii=False)
     else:
         text = str(v).replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
     if width is not None and display_width(text) > width:  # wide characters take two columns
@@ -249,8 +251,8 @@ def write(columns: Sequence[str], rows: Iterable[tuple], fmt: str, out: IO[str],
 
 def _csv_cell(v):
     """A CSV cell: lists as JSON, NULL empty, booleans as the table and JSON write them."""
-    if isinstance(v, (list, tuple)):
-        return json.dumps(list(v))
+    if isinstance(v, (list, tuple, dict)):
+        return json.dumps(list(v) if isinstance(v, tuple) else v, ensure_ascii=False)
     if isinstance(v, bool):
         return "true" if v else "false"
     return "" if v is None else v

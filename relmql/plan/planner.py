@@ -184,10 +184,10 @@ def _sourced(e: Error, source: str) -> Error:
     return e
 
 
-def _text(node, params, source, where) -> str:
+def _text(node, params, source, where, what: str = "a regex") -> str:
     value = constant(node, params, source, where)
     if not isinstance(value, str):
-        raise PlanError(f"{where} must be text (a regex), not {shown(value)}", node.span, source)
+        raise PlanError(f"{where} must be text ({what}), not {shown(value)}", node.span, source)
     return value
 
 
@@ -487,7 +487,7 @@ def _exclusion(node: A.Node, params, source) -> Optional[_Exclusion]:
 
 def _plan_dataset(query: A.Query, source: str, settings, params) -> DatasetPlan:
     d = query.dataset
-    path = _text(d.source, params, source, "FOR EACH ROW IN")
+    path = _text(d.source, params, source, "FOR EACH ROW IN", "a data file's path")
     if not Path(path).expanduser().is_file():
         raise PlanError(f"no data file {path!r}", d.source.span, source,
                         hint=f"relative paths start at the current directory, {Path.cwd()}")
