@@ -260,7 +260,6 @@ class Result:
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{foot}"
 
 
-
 def _bare_word(node: A.Node, text: str) -> Optional[str]:
     """The text of a SET value written as a bare word, as FROM takes a model name: ``all``, or
     names read as arithmetic on columns (``tiny-gpt2``, ``org/model``) when written without spaces."""
@@ -279,6 +278,7 @@ def _bare_word(node: A.Node, text: str) -> Optional[str]:
         return None
     raw = text[node.span[0]:node.span[1]]
     return raw if raw and not any(c.isspace() for c in raw) else None
+
 
 class Connection:
     """A session: a default model, option settings (``SET``) and the models loaded so far.
