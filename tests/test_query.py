@@ -509,6 +509,8 @@ BAD = [
     ("SELECT text MATCHING 'a' LIMT 3", ParseError, "LIMT", "unexpected 'LIMT'"),
     ("SELECT text MATCHING 'a' FOR EACH ROW IN 'x.csv' LIMIT 1 TEST INDEPENDENCE OF a, b", ParseError, "TEST",
      "FOR EACH ROW IN comes last"),
+    ("SELECT text MATCHING 'a' FOR EACH ROW IN 'x.csv' WHERE text = 'a'", PlanError, "text",
+     "reads their fields (:name)"),
     ("SELECT text FROM MATCHING 'a'", ParseError, "MATCHING", "FROM needs a model name before MATCHING"),
     ("SELECT text MATCHING 'a(b'", RegexError, "(", "missing )"),
     ("SELECT text MATCHING 'it''s a ''b'' [z-a]'", RegexError, "z", "bad character range"),

@@ -328,11 +328,14 @@ def _group_names(matching: str) -> Tuple[str, ...]:
 
 
 def _check_columns(node: A.Node, source: str, known, extra=()) -> None:
+    names = list(known) + list(extra)
     for n in node.walk():
-        if isinstance(n, A.Column) and n.name not in known and n.name not in extra:
-            near = closest(n.name, list(known) + list(extra))
+        if isinstance(n, A.Column) and n.name not in names:
+            near = closest(n.name, names)
+            hint = None if near else f"columns: {', '.join(names)}" if names else \
+                "the dataset's WHERE chooses data rows before any query runs: it reads their fields (:name)"
             raise PlanError(f"unknown column {n.name!r}" + (f"; did you mean {near}?" if near else ""), n.span, source,
-                            hint=None if near else f"columns: {', '.join(list(known) + list(extra))}")
+                            hint=hint)
 
 
 def _select(query: A.Query, source: str, groups) -> Tuple[Tuple[Output, ...], bool, Tuple[A.Node, ...]]:
