@@ -490,6 +490,9 @@ def _exclusion(node: A.Node, params, source) -> Optional[_Exclusion]:
 
 def _plan_dataset(query: A.Query, source: str, settings, params) -> DatasetPlan:
     d = query.dataset
+    if d.where is not None:  # what the text alone says is wrong comes before what the file system says
+        check_calls(d.where, source, allow_aggregates=False, allow_rows=False)
+        _check_columns(d.where, source, ())
     path = _text(d.source, params, source, "FOR EACH ROW IN", "a data file's path")
     if not Path(path).expanduser().is_file():
         raise PlanError(f"no data file {path!r}", d.source.span, source,
@@ -497,9 +500,6 @@ def _plan_dataset(query: A.Query, source: str, settings, params) -> DatasetPlan:
     if not path.lower().endswith((".jsonl", ".csv", ".json", ".ndjson", ".tsv")):
         raise PlanError(f"{path!r}: data files are .jsonl, .json, .csv or .tsv", d.source.span, source)
     row_limit = _count(d.limit, params, source, "LIMIT") if d.limit is not None else None
-    if d.where is not None:
-        check_calls(d.where, source, allow_aggregates=False, allow_rows=False)
-        _check_columns(d.where, source, ())
     # outputs are checked against a representative row plan when the first row is planned
     groups = ()
     if query.matching is not None:
