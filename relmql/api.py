@@ -374,11 +374,12 @@ class Connection:
         if isinstance(st, A.Set):
             spec = option(st.name, st.name_span, text)
             bare = _bare_word(st.value, text)
-            if bare is not None:  # SET tokenization = all, SET model = tiny-gpt2: a bare word is a value
-                value = bare
+            if bare is not None and bare.lower() == "default":  # SET topk = DEFAULT, as PostgreSQL's
+                self.settings[spec.name] = spec.default  # valid as it is
             else:
-                value = constant(st.value, dict(params or {}), text, "SET")
-            self.set(spec.name, value, st.value.span, text)
+                # SET tokenization = all, SET model = tiny-gpt2: a bare word is a value
+                value = bare if bare is not None else constant(st.value, dict(params or {}), text, "SET")
+                self.set(spec.name, value, st.value.span, text)
             now = self.settings[spec.name]
             now = "NULL" if now is None else now
             return Result((), lambda r: iter(()), kind="status", message=f"SET {spec.name} = {now}")

@@ -216,6 +216,8 @@ def test_set_takes_a_bare_word_as_from_takes_a_model_name(con):
         session.sql("SET model = tiny - gpt2")  # spaces: an expression, as in a query
     with pytest.raises(PlanError, match="topk is a whole number, not 'a-b'"):
         session.sql("SET topk = a-b")
+    session.sql("SET topk = 5; SET model = DEFAULT; SET topk TO default")  # as PostgreSQL's SET ... DEFAULT
+    assert session.settings["topk"] is None and session.settings["model"] == OPTIONS["model"].default
 
 
 def test_connect_takes_options_as_keywords(con):
