@@ -673,6 +673,13 @@ def test_errors_in_dataset_rows(con, tmp_path):
     with pytest.raises(PlanError, match=r"escape\(\) expects text here, got a number \(1\) \(data row 2 of"):
         gap.write_text('{"q": "a"}\n{"q": 1}\n', encoding="utf-8")
         con.sql(f"SELECT escape(:q) AS e MATCHING 'a' FOR EACH ROW IN '{gap}'").fetchall()
+    for name, content, words in (
+            ("twice.csv", "q,q\na,b\n", "the header names 'q' twice"),
+            ("clash.jsonl", '{"my q": "a", "my-q": "b"}\n', "the fields 'my q' and 'my-q' would both be :my_q"),
+            ("number.jsonl", '{"q": "a", "row_number": 7}\n', "would both be :row_number")):
+        (tmp_path / name).write_text(content, encoding="utf-8")
+        with pytest.raises(PlanError, match=re.escape(words)):  # one of them was dropped without a word
+            con.sql(f"SELECT text MATCHING 'a' FOR EACH ROW IN '{tmp_path / name}'").fetchall()
     latin1 = tmp_path / "latin1.csv"
     latin1.write_bytes("q\ncaf\u00e9\n".encode("latin-1"))
     query = f"SELECT text MATCHING escape(:q) FOR EACH ROW IN '{latin1}'"

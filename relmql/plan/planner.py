@@ -544,8 +544,13 @@ def _file_rows(f, path: str, source: str, span) -> Iterator[Dict[str, Any]]:
     lower = path.lower()
     if lower.endswith((".csv", ".tsv")):
         reader = csv.DictReader(f, delimiter="\t" if lower.endswith(".tsv") else ",")
+        header = reader.fieldnames or []
+        twice = next((h for i, h in enumerate(header) if h in header[:i]), None)
+        if twice is not None:  # a dict keeps only the last
+            raise PlanError(f"{path}: the header names {twice!r} twice", span, source or None,
+                            hint="rename one of the columns in the file")
         for i, row in enumerate(reader, 1):
-            yield {**{_field(k): v for k, v in row.items() if k is not None}, "row_number": i}
+            yield _fields(row, i, f"{path}, row {i}", span, source)
         return
     if lower.endswith(".json"):
         try:
@@ -555,7 +560,7 @@ def _file_rows(f, path: str, source: str, span) -> Iterator[Dict[str, Any]]:
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
             raise PlanError(f"{path}: a .json data file is a list of objects", span, source or None)
         for i, row in enumerate(data, 1):
-            yield {**{_field(k): v for k, v in row.items()}, "row_number": i}
+            yield _fields(row, i, f"{path}, row {i}", span, source)
         return
     n = 0
     for line_no, line in enumerate(f, 1):
@@ -568,11 +573,29 @@ def _file_rows(f, path: str, source: str, span) -> Iterator[Dict[str, Any]]:
         if not isinstance(row, dict):
             raise PlanError(f"{path}, line {line_no}: each line must be a JSON object", span, source or None)
         n += 1
-        yield {**{_field(k): v for k, v in row.items()}, "row_number": n}
+        yield _fields(row, n, f"{path}, line {line_no}", span, source)
 
 
 def _field(name: str) -> str:
     return re.sub(r"\W", "_", str(name).strip())
+
+
+def _fields(row: Mapping[Any, Any], number: int, where: str, span, source: str) -> Dict[str, Any]:
+    """A data row's fields as parameters (names made :name-able) and its ``row_number``; two
+    fields that would be one parameter are an error, not a silent choice."""
+    out: Dict[str, Any] = {}
+    named: Dict[str, Any] = {}
+    for k, v in row.items():
+        if k is None:  # a CSV row with more cells than the header
+            continue
+        name = _field(k)
+        if name in named or name == "row_number":
+            first = "row_number (the row's number)" if name == "row_number" else repr(named[name])
+            raise PlanError(f"{where}: the fields {first} and {k!r} would both be :{name}", span, source or None,
+                            hint="rename one of them in the file")
+        named[name], out[name] = k, v
+    out["row_number"] = number
+    return out
 
 
 def plan_row(dplan: DatasetPlan, row: Mapping[str, Any]) -> QueryPlan:
