@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import gc
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -72,7 +73,7 @@ def _params(items: List[str]) -> Dict[str, str]:
     out = {}
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep or not name.strip().isidentifier():
+        if not sep or not re.fullmatch(r"\w+", name.strip()):
             raise Error(f"--param takes NAME=VALUE, not {item!r}")
         out[name.strip()] = value
     return out

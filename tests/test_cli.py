@@ -261,10 +261,16 @@ def test_param(capsys):
     assert {r["n"] for r in rows} == {"2"}  # parameters from the command line are strings
 
 
-@pytest.mark.parametrize("bad", ["who", "=x", "1a=x"])
+@pytest.mark.parametrize("bad", ["who", "=x", "a-b=x", "a b=x"])
 def test_bad_param_is_an_error(capsys, bad):
     code, _, err = run(capsys, "--param", bad, "-c", "SELECT text MATCHING 'a';")
     assert code == 1 and "--param takes NAME=VALUE" in err
+
+
+def test_param_names_in_any_script(capsys):
+    code, out, err = run(capsys, "-p", "caf\u00e9=2", "-p", "1st=x", "-c", "SELECT :caf\u00e9 * 2 AS n, :1st AS f MATCHING 'a';")
+    assert code == 0, err
+    assert jsonl(out) == [{"n": 4, "f": "x"}]
 
 
 def test_missing_param_is_an_error(capsys):

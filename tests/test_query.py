@@ -688,6 +688,17 @@ def test_errors_in_dataset_rows(con, tmp_path):
     assert query[info.value.span[0]:info.value.span[1]] == f"'{latin1}'"
 
 
+def test_every_field_name_is_a_parameter(con, tmp_path):
+    """Fields named in any script, or beginning with a digit, are :name-able, and a result
+    column may be named in any script (as Python's and DuckDB's identifiers may)."""
+    path = tmp_path / "rows.csv"
+    path.write_text("caf\u00e9,1st,na\u00efve word,\u540d\u524d\nab,2,x,y\n", encoding="utf-8")
+    got = con.sql(f"SELECT :caf\u00e9 AS n\u00famero, :1st + 1 AS n, :na\u00efve_word AS w, :\u540d\u524d AS j "
+                  f"MATCHING 'a' FOR EACH ROW IN '{path}' WHERE :caf\u00e9 <> ''")
+    assert got.columns == ("n\u00famero", "n", "w", "j")
+    assert got.fetchall() == [("ab", 3, "x", "y")]
+
+
 def test_data_files_as_spreadsheets_and_editors_write_them(con, tmp_path):
     """A byte-order mark (Excel's "CSV UTF-8", Notepad), numbers and booleans as CSV text, and
     JSON objects as values: the same answers as the typed JSONL rows."""
