@@ -238,6 +238,10 @@ class Result:
     def __len__(self) -> int:
         return sum(1 for _ in self)  # not len(list(self)): list() asks __len__ first
 
+    def __bool__(self) -> bool:
+        """Whether there is a row: computes at most the first (``len()`` computes them all)."""
+        return self._next(0) is not None
+
     def __repr__(self) -> str:
         if self.kind == "status":
             return self.message or ""
@@ -296,6 +300,7 @@ class Connection:
         self.models = ModelCache()  # the models loaded so far
         self._cluster = None
         self._cluster_key: Optional[tuple] = None  # the settings it was started with
+        self.closed = False
         given = dict(options, model=model, device=device, dtype=dtype, seed=seed, engine=engine)
         if address is not None:  # else ray_address=, as any option, may be among the options
             given["ray_address"] = address
@@ -309,6 +314,7 @@ class Connection:
     # -- settings
     def set(self, name: str, value, span=None, source=None) -> None:
         """``SET name = value``."""
+        self._check_open()
         spec = option(name)
         value = spec.check(value, span, source)
         if spec.name == "engine" and value == "ray":
@@ -341,6 +347,7 @@ class Connection:
     # -- models
     def model(self, ref: Optional[ModelRef] = None) -> LanguageModel:
         """The model of ``ref`` (default: the session's), loaded once per session."""
+        self._check_open()
         return self.models(ref or ModelRef(name=self.settings["model"], device=self.settings["device"],
                                            dtype=self.settings["dtype"]))
 
@@ -365,6 +372,7 @@ class Connection:
         return self.sql(text, params)
 
     def _statement(self, st, text: str, params) -> Result:
+        self._check_open()
         if isinstance(st, A.Query):
             return self._query(st, text, params)
         if isinstance(st, A.Explain):
@@ -394,6 +402,7 @@ class Connection:
         def rows(result: Result) -> Iterator[tuple]:
             from .engine import load, run
             from .models.device import approximate
+            self._check_open()
             if isinstance(p, QueryPlan) and remote is None:
                 model = load(p, self.model)  # before the clock starts: row times are the query's own
                 result.approximate = model.approximate
@@ -447,8 +456,14 @@ class Connection:
                         " | an option's name", span, text,
                         hint=f"did you mean SHOW {near.upper() if near in SHOW_WHAT else near}?" if near else None)
 
+    def _check_open(self) -> None:
+        if self.closed:
+            raise Error("the connection is closed", hint="open another with relmql.connect()")
+
     def close(self) -> None:
-        """Forget the loaded models; stop the Ray engine's workers."""
+        """Forget the loaded models and stop the Ray engine's workers: the connection, and the
+        results of its queries that have not run yet, cannot be used any more."""
+        self.closed = True
         self.models.clear()
         if self._cluster is not None:
             self._cluster.close()

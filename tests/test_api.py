@@ -36,6 +36,13 @@ def test_a_result_runs_nothing_until_it_is_read(con, model):
     assert model.stats.calls - before < 200
 
 
+def test_truth_of_a_result_reads_one_row(con, model):
+    before = model.stats.calls
+    assert con.sql(LONG)  # not the whole search, as len() would be
+    assert model.stats.calls - before < 100
+    assert not con.sql(SMALL + " WHERE prob < 0")
+
+
 def test_the_model_loads_on_first_read():
     con = relmql.connect(model="tiny-gpt2", dtype="float32")
     loaded = lambda: dict((m, l) for m, _, l in con.sql("SHOW MODELS"))["tiny-gpt2"]  # noqa: E731, E741
@@ -251,6 +258,16 @@ def test_connection_is_a_context_manager(con):
     with fresh(con) as session:
         assert len(session.sql(SMALL + " LIMIT 1").fetchall()) == 1
     assert session.models.names() == []
+
+
+def test_a_closed_connection_cannot_be_used(con):
+    session = fresh(con)
+    waiting = session.sql(SMALL)
+    session.close()
+    for use in (lambda: session.sql(SMALL), waiting.fetchall, lambda: session.set("topk", 3),
+                lambda: session.sql("SHOW options")):
+        with pytest.raises(relmql.Error, match="the connection is closed"):
+            use()
 
 
 def test_default_connection_uses_the_embedded_model():
