@@ -18,6 +18,7 @@ from .models import BUILTIN_MODELS, LanguageModel, ModelCache
 from .output import render_table
 from .output.format import format_value
 from .plan import OPTIONS, ModelRef, PlanError, QueryPlan, TestPlan, constant, defaults, option, plan
+from .plan.options import shown
 from .records import Cancelled, Stop
 from .stats import Chi2Result, chi2_independence
 from .syntax import ast as A
@@ -389,7 +390,7 @@ class Connection:
                 value = bare if bare is not None else constant(st.value, dict(params or {}), text, "SET")
                 self.set(spec.name, value, st.value.span, text)
             now = self.settings[spec.name]
-            now = "NULL" if now is None else now
+            now = now if isinstance(now, str) else shown(now)  # NULL, TRUE; text unquoted: SET tokenization = all
             return Result((), lambda r: iter(()), kind="status", message=f"SET {spec.name} = {now}")
         if isinstance(st, A.Show):
             return self._show(st, text)

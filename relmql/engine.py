@@ -199,7 +199,7 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
         if progress is not None:
             progress(1)
         env = RowEnv(plan, row, emitted + 1, regex, mass)
-        if plan.where is not None and not _eval_truth(plan.where, env, plan.source):
+        if plan.where is not None and not _eval(plan.where, env, plan.source, condition=True):
             if mass is not None and not mass.exact:  # a draw all the same
                 yield RowEnv(plan, dataclasses.replace(row, miss=True), None, regex, mass)
             continue
@@ -287,11 +287,6 @@ def compile_plan(plan: QueryPlan, model: LanguageModel):
     for w in automaton.warnings:
         print(f"warning: {w}", file=sys.stderr)
     return automaton
-
-
-def _eval_truth(node, env, source) -> bool:
-    """A WHERE condition's value on ``env`` (errors placed in ``source``)."""
-    return _eval(node, env, source, condition=True)
 
 
 def _eval(node, env, source, condition: bool = False):

@@ -133,7 +133,7 @@ def test_set_applies_to_later_queries(con, model):
     using = dicts(con, f"{COLS} {Q} USING topk 30000, eos")
     check_against(model, using, brute(model, topk=30000, eos=True))
     status = con.sql("SET topk = 30000; SET eos = true")
-    assert repr(status) == "SET eos = True"
+    assert repr(status) == "SET eos = TRUE"
     assert dicts(con, f"{COLS} {Q}") == using
     con.sql("SET topk = NULL; SET eos = off")
     check_against(model, dicts(con, f"{COLS} {Q}"), brute(model))

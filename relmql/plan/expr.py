@@ -331,9 +331,10 @@ def _number_of(v):
     if isinstance(v, (int, float)):
         return v
     if isinstance(v, str):
-        n = whole_number(v)
-        if n is not None and "." not in v and "e" not in v.lower():
-            return n
+        try:
+            return int(v)
+        except ValueError:
+            pass
         try:
             f = float(v)
         except ValueError:
