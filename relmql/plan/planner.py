@@ -550,6 +550,12 @@ def _file_rows(f, path: str, source: str, span) -> Iterator[Dict[str, Any]]:
             raise PlanError(f"{path}: the header names {twice!r} twice", span, source or None,
                             hint="rename one of the columns in the file")
         for i, row in enumerate(reader, 1):
+            cells = len(header) + len(row.get(None, ())) - sum(v is None for v in row.values())
+            if cells != len(header):  # DictReader drops the cells past the header and fills missing ones with None
+                raise PlanError(f"{path}, line {reader.line_num}: {cells} cell{'s' if cells != 1 else ''} where the "
+                                f"header names {len(header)}", span, source or None,
+                                hint="quote a cell that holds the separator" if cells > len(header) else
+                                "an empty cell is written as nothing between two separators")
             yield _fields(row, i, f"{path}, row {i}", span, source)
         return
     if lower.endswith(".json"):
@@ -586,8 +592,6 @@ def _fields(row: Mapping[Any, Any], number: int, where: str, span, source: str) 
     out: Dict[str, Any] = {}
     named: Dict[str, Any] = {}
     for k, v in row.items():
-        if k is None:  # a CSV row with more cells than the header
-            continue
         name = _field(k)
         if name in named or name == "row_number":
             first = "row_number (the row's number)" if name == "row_number" else repr(named[name])
