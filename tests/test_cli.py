@@ -618,6 +618,18 @@ def test_csv_writes_booleans_and_nulls_as_the_other_formats_do(capsys):
     code, out, _ = run(capsys, "--format", "jsonl", "-c", query)
     assert [json.loads(line)["likely"] for line in out.splitlines()] == [True, True]
 
+
+def test_json_says_when_it_writes_an_infinity_as_null(capsys):
+    query = "SELECT text, ln(0) AS l, 1 AS one MATCHING 'a(b|c)';"
+    for fmt in ("json", "jsonl"):
+        code, out, err = run(capsys, "--format", fmt, "-c", query)
+        rows = json.loads(out) if fmt == "json" else [json.loads(line) for line in out.splitlines()]
+        assert code == 0 and [(r["l"], r["one"]) for r in rows] == [(None, 1), (None, 1)]
+        assert err == "note: JSON has no infinity or NaN: written as null in 2 rows\n"
+    code, out, err = run(capsys, "--format", "csv", "-c", query)
+    assert "-inf" in out and err == ""
+
+
 def test_a_read_that_reads_itself_stops_the_script(capsys, tmp_path):
     loop = tmp_path / "loop.rql"
     loop.write_text(f".read {loop}\n", encoding="utf-8")

@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 import shutil
+import sys
 from typing import IO, Iterable, Iterator, List, Optional, Sequence
 
 from ..errors import Error, display_width
@@ -229,23 +230,33 @@ def write(columns: Sequence[str], rows: Iterable[tuple], fmt: str, out: IO[str],
             out.flush()
             n += 1
         return n
-    if fmt == "jsonl":
-        for r in rows:
-            out.write(json.dumps({c: _jsonable(v) for c, v in zip(columns, r)}, ensure_ascii=False) + "\n")
-            out.flush()
-            n += 1
-        return n
-    if fmt == "json":
-        out.write("[")
+    if fmt in ("json", "jsonl"):
+        nulled = [0]  # infinities and NaNs, which JSON cannot write
+
+        def obj(r: tuple) -> str:
+            if any(isinstance(v, float) and not math.isfinite(v) for v in r):
+                nulled[0] += 1
+            return json.dumps({c: _jsonable(v) for c, v in zip(columns, r)}, ensure_ascii=False)
         try:
-            for r in rows:
-                out.write(("," if n else "") + "\n  " + json.dumps({c: _jsonable(v) for c, v in zip(columns, r)},
-                                                                  ensure_ascii=False))
-                out.flush()
-                n += 1
+            if fmt == "jsonl":
+                for r in rows:
+                    out.write(obj(r) + "\n")
+                    out.flush()
+                    n += 1
+                return n
+            out.write("[")
+            try:
+                for r in rows:
+                    out.write(("," if n else "") + "\n  " + obj(r))
+                    out.flush()
+                    n += 1
+            finally:
+                out.write("\n]\n" if n else "]\n")
+            return n
         finally:
-            out.write("\n]\n" if n else "]\n")
-        return n
+            if nulled[0]:
+                print(f"note: JSON has no infinity or NaN: written as null in {nulled[0]:,} "
+                      f"row{'s' if nulled[0] != 1 else ''}", file=sys.stderr)
     raise ValueError(f"unknown format {fmt!r}; use {', '.join(FORMATS)}")
 
 
