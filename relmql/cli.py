@@ -213,7 +213,7 @@ def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: I
                     return EXIT_ERROR
                 if shell.cancelled:  # Ctrl-C in a .read or .model
                     return EXIT_CANCELLED
-                if shell.failed:  # a .read or .model that failed has said why
+                if shell.failed:  # a .read that failed has said why
                     return EXIT_ERROR
                 if shell.done:
                     return 0

@@ -158,6 +158,7 @@ def test_meta_commands_in_a_script(capsys, tmp_path, expected):
     (".mode xml", "unknown mode 'xml'"),
     (".read nowhere.rql", "cannot read nowhere.rql"),
     (".frobnicate", "unknown command .frobnicate"),
+    (".model nosuch", "unknown model 'nosuch'"),
 ])
 def test_a_failing_meta_command_stops_the_script(capsys, tmp_path, line, message):
     script = tmp_path / "bad.rql"

@@ -272,6 +272,16 @@ def test_read_runs_a_file_and_locates_its_errors(con, tmp_path):
     assert "cannot read" in screen and "missing.rql" in screen
 
 
+def test_a_pasted_script_runs_its_meta_command_lines_as_read_does(con):
+    paste = ("SELECT text MATCHING 'a(b|c)' LIMIT 1;\n.mode csv\nSELECT text, rank MATCHING 'a(b|c)';\n"
+             ".mode jsonl\nSELECT nope MATCHING 'a';\nSELECT 'never' AS n MATCHING 'a';")
+    _, screen = drive(con, "\x1b[200~" + paste + "\x1b[201~\r" + CTRL_D)
+    assert "(1 row)" in screen and "text,rank\nac,1\nab,2\n" in screen
+    assert "LINE 5: SELECT nope MATCHING 'a';" in screen  # the pasted buffer's line
+    assert "never" not in screen.split("error: unknown column")[1]
+    assert "syntax error" not in screen
+
+
 def test_read_of_a_file_without_statements_says_so(con, tmp_path):
     empty = tmp_path / "empty.rql"
     empty.write_text("-- nothing yet\n\n")

@@ -92,11 +92,12 @@ class Shell:
         self.err.write(text + "\n")
         self.err.flush()
 
-    def report(self, e: BaseException, name: Optional[str] = None) -> None:
-        """One clean message for any failure: an ``Error`` rendered with its caret, anything else
-        (a bug) as one line, never a traceback."""
+    def report(self, e: BaseException, name: Optional[str] = None, line: Optional[int] = None) -> None:
+        """One clean message for any failure: an ``Error`` rendered with its caret (``line``: the
+        meta-command line of file ``name`` it came from), anything else (a bug) as one line, never
+        a traceback."""
         if isinstance(e, Error):
-            self.warn(e.render(name))
+            self.warn(f"{name}:{line}: {e.render()}" if name is not None and line is not None else e.render(name))
         elif isinstance(e, KeyboardInterrupt):
             self.warn("cancelled")
         else:
@@ -131,20 +132,10 @@ class Shell:
 
     # -- input
     def handle(self, text: str) -> None:
-        """One submitted buffer: a meta-command line (maybe followed by statements), ``exit``,
-        or statements."""
+        """One submitted buffer: ``exit``, or statements and meta-command lines (a pasted script
+        runs as ``.read`` runs a file)."""
         stripped = text.strip()
         if not stripped:
-            return
-        if stripped.startswith("."):
-            first, _, rest = stripped.partition("\n")
-            try:
-                run_command(self, first)
-            except Error as e:
-                self.report(e)
-                return
-            if rest.strip() and not self.done:
-                self.run_text(rest)
             return
         if stripped.rstrip(";").strip().lower() in ("exit", "quit"):
             self.done = True
@@ -152,31 +143,34 @@ class Shell:
         self.run_text(text)
 
     def run_text(self, text: str, name: Optional[str] = None) -> bool:
-        """Run every statement of ``text`` (and, in a ``.read`` file, its meta-command lines);
-        stops at the first error. ``name``: the file, for error locations. Returns success."""
+        """Run every statement and meta-command line of ``text``; stops at the first error.
+        ``name``: the file (``.read``), for error locations. Returns success."""
         if name is None:
-            return self._run_sql(text, None)
+            return self._run_chunks(text, None)
         if self._depth >= _MAX_READ_DEPTH:
             raise Error(f".read nested more than {_MAX_READ_DEPTH} deep (does {name} read itself?)")
         self._depth += 1
         try:
-            chunks = list(_chunks(text))
-            if not chunks:
-                self.warn(f"note: {name} has no statements")
-            for kind, body, line in chunks:
-                if self.done:
-                    return True
-                if kind == "command":
-                    try:
-                        run_command(self, body)
-                    except Error as e:
-                        self.warn(f"{name}:{line}: {e.render()}")
-                        return False
-                elif not self._run_sql("\n" * (line - 1) + body, name):
-                    return False
-            return True
+            return self._run_chunks(text, name)
         finally:
             self._depth -= 1
+
+    def _run_chunks(self, text: str, name: Optional[str]) -> bool:
+        chunks = list(_chunks(text))
+        if not chunks and name is not None:
+            self.warn(f"note: {name} has no statements")
+        for kind, body, line in chunks:
+            if self.done:
+                return True
+            if kind == "command":
+                try:
+                    run_command(self, body)
+                except Error as e:
+                    self.report(e, name, line)
+                    return False
+            elif not self._run_sql("\n" * (line - 1) + body, name):
+                return False
+        return True
 
     def _run_sql(self, text: str, name: Optional[str]) -> bool:
         from ..syntax import parse
@@ -220,20 +214,23 @@ class Shell:
             self.con.set("model", name)
             self.con.model()
 
-        stopped, error = self.background(job)
+        stopped, error = self.background(job, waiting="the model to finish loading")
         if stopped or error is not None:
             self.con.settings["model"] = old
         if stopped:
             self.warn("cancelled")
+        elif isinstance(error, Error):
+            raise error  # reported where the command's line is known
         elif error is not None:
             self.report(error)
         else:
             self.say(f"model: {self.con.settings['model']}")
 
-    def background(self, job) -> Tuple[bool, Optional[BaseException]]:
+    def background(self, job, waiting: str = "the current model call to end") -> Tuple[bool, Optional[BaseException]]:
         """Run ``job(ticket)`` in a worker thread while this thread waits; Ctrl-C cancels it, then
-        waits for the worker to stop at its next model call. Returns (cancelled, the exception the
-        job raised or None)."""
+        waits for the worker to stop at its next model call (``waiting``: what it waits for, said
+        at the first press where nothing can stop sooner, else at the second). Returns (cancelled,
+        the exception the job raised or None)."""
         ticket = _Ticket()
         box: List[BaseException] = []
         finished = threading.Event()
@@ -260,8 +257,8 @@ class Shell:
                 except KeyboardInterrupt:  # not from Ctrl-C (the handler above records it): code that raised one
                     presses.append(signal.SIGINT)
                 if len(presses) > seen:
-                    if seen:
-                        self.warn("cancelling: waiting for the current model call to end")
+                    if seen or ticket.result is None:
+                        self.warn(f"cancelling: waiting for {waiting}")
                     seen = len(presses)
                     ticket.cancel()
         worker.join()
@@ -305,17 +302,17 @@ class ScriptShell(Shell):
         self.failed = self.cancelled = False
         self.first = True  # no result written yet (tables are separated by a blank line)
 
-    def report(self, e: BaseException, name: Optional[str] = None) -> None:
+    def report(self, e: BaseException, name: Optional[str] = None, line: Optional[int] = None) -> None:
         self.failed = True
-        super().report(e, name)
+        super().report(e, name, line)
 
     def run_text(self, text: str, name: Optional[str] = None) -> bool:
         ok = super().run_text(text, name)
         self.failed |= not ok  # a meta-command that failed inside a .read file says so itself
         return ok
 
-    def background(self, job) -> Tuple[bool, Optional[BaseException]]:
-        stopped, error = super().background(job)
+    def background(self, job, waiting: str = "the current model call to end") -> Tuple[bool, Optional[BaseException]]:
+        stopped, error = super().background(job, waiting)
         self.cancelled |= stopped
         return stopped, error
 
