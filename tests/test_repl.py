@@ -221,6 +221,17 @@ def test_set_show_and_explain_statements(con):
     assert "│ tiny-gpt2" in screen
 
 
+def test_show_tables_are_sized_to_their_values(con):
+    from relmql.plan import OPTIONS
+    longest = max(len(spec.doc) for spec in OPTIONS.values())
+    _, screen = drive(con, "SHOW OPTIONS;\r" + CTRL_D, columns=longest + 60)
+    assert all(spec.doc in screen for spec in OPTIONS.values())  # not cut to equal columns
+    _, screen = drive(con, "SHOW OPTIONS;\r" + CTRL_D, columns=100)
+    table = [line for line in screen.splitlines() if line.startswith(("│", "┌", "├", "└"))]
+    assert len(table) > len(OPTIONS) and max(len(line) for line in table) <= 100
+    assert OPTIONS["topk"].doc[:40] in screen  # the meaning column has the room the others leave
+
+
 def test_help_lists_every_command(con):
     _, screen = drive(con, ".help\r.help mode\r" + CTRL_D)
     listing = screen.split(".help\n", 1)[1]

@@ -219,7 +219,7 @@ def write(columns: Sequence[str], rows: Iterable[tuple], fmt: str, out: IO[str],
         try:
             buffered.extend(rows)
         finally:
-            out.write(render_table(columns, buffered) + "\n")
+            out.write(render_table(columns, buffered, max_width=width) + "\n")
         return len(buffered)
     rows = (tuple(_plain(v) for v in r) for r in rows)
     if fmt == "csv":

@@ -16,6 +16,7 @@ import time
 from typing import IO, Callable, Iterator, List, Optional, Tuple
 
 from ..errors import Error
+from ..syntax import ast as A
 from .commands import run_command
 
 __all__ = ["Shell", "ScriptShell"]
@@ -190,7 +191,7 @@ class Shell:
             result = self.con._statement(st, text, self.params)
             ticket.attach(result)
             if not ticket.stopped:
-                self._show(result)
+                self._show(result, stream=isinstance(st, A.Query))
                 if result.kind == "rows":
                     self.last_result = result
 
@@ -264,7 +265,9 @@ class Shell:
         worker.join()
         return ticket.stopped, (box[0] if box else None)
 
-    def _show(self, result) -> None:
+    def _show(self, result, stream: bool = True) -> None:
+        """Write a statement's result: a query's table row by row as they come, sized to the
+        screen (``stream``), a table that is known at once (SHOW) sized to fit its values."""
         from ..output import started, write
         if result.kind == "status":
             self.say(result.message or "")
@@ -277,8 +280,7 @@ class Shell:
                 self.out.write(line + "\n")
             self.out.flush()
             return
-        # tables: rows as they come, sized to the screen
-        write(result.columns, rows, self.mode, self.out, stream=True, kinds=result.kinds,
+        write(result.columns, rows, self.mode, self.out, stream=stream, kinds=result.kinds,
               width=self.width() if self.width else None)
         self.out.flush()
         if getattr(result, "test_plan", None) is not None:  # TEST ...: its outcome under the table
