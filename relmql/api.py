@@ -47,8 +47,10 @@ class Result:
     def __init__(self, columns: Sequence[str], rows: Callable[["Result"], Iterator[tuple]], kind: str = "rows",
                  explain: Optional[Callable[[], str]] = None, message: Optional[str] = None,
                  kinds: Optional[Sequence[str]] = None, test: Optional[TestPlan] = None,
-                 start: Optional[Callable[[], None]] = None, stop: Optional[Callable[[], None]] = None):
+                 start: Optional[Callable[[], None]] = None, stop: Optional[Callable[[], None]] = None,
+                 streams: bool = False):
         self.columns = tuple(columns)
+        self.streams = streams  # rows arrive one by one (a query without aggregates), not all at the end
         self.kind = kind  # rows, text (EXPLAIN) or status (SET)
         self.message = message
         self.kinds = tuple(kinds or ["text"] * len(self.columns))
@@ -422,7 +424,7 @@ class Connection:
 
         return Result(p.columns, rows, explain=lambda: self._explain(p), kinds=[o.kind for o in p.outputs],
                       test=p.test, start=remote.start if remote is not None else None,
-                      stop=remote.cancel if remote is not None else None)
+                      stop=remote.cancel if remote is not None else None, streams=not p.aggregate)
 
     def _explain(self, p) -> str:
         from .explain import explain  # the engine, and torch, only when a plan is explained

@@ -277,7 +277,8 @@ def _run_statements(con, text: str, name: str, params, fmt: str, out: IO[str], e
                         out.write(line + "\n")
                     _timer(shell, began, err)
                     continue
-                write(result.columns, rows, fmt, out, stream=fmt == "table" and out.isatty(), kinds=result.kinds)
+                write(result.columns, rows, fmt, out, stream=fmt == "table" and out.isatty() and result.streams,
+                      kinds=result.kinds)
                 if result.test_plan is not None:  # beside machine formats, on stderr
                     print(result.test.summary(), file=out if fmt == "table" else err)
                 if plot is not None and isinstance(st, A.Query) and result.kind == "rows":

@@ -232,6 +232,15 @@ def test_show_tables_are_sized_to_their_values(con):
     assert OPTIONS["topk"].doc[:40] in screen  # the meaning column has the room the others leave
 
 
+def test_numbers_in_tables_are_never_cut(con):
+    _, screen = drive(con, "SELECT 123456789012345 AS n, -prob * 1e-220 AS x MATCHING 'a(b|c)';\r"
+                           "SELECT text, probability() AS p MATCHING 'a(b|c)' SAMPLE 50 GROUP BY text;\r" + CTRL_D)
+    assert screen.count("│ 123456789012345 │") == 2
+    assert len(re.findall(r"│ -\d\.\d{5}e-2\d\d │", screen)) == 2  # the exponent whole
+    assert re.search(r"│ +\S+ \[\S+, \S+\] │", screen)  # an estimate with its whole interval
+    assert "…" not in screen
+
+
 def test_help_lists_every_command(con):
     _, screen = drive(con, ".help\r.help mode\r" + CTRL_D)
     listing = screen.split(".help\n", 1)[1]

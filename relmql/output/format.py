@@ -13,11 +13,12 @@ from typing import IO, Iterable, Iterator, List, Optional, Sequence
 from ..errors import Error, display_width
 
 FORMATS = ("table", "csv", "json", "jsonl")
-_NUMERIC_WIDTH = 12
+_NUMERIC_WIDTH = 13  # a float to 6 significant digits: -1.23457e-225
 
 
 def format_value(v, width: Optional[int] = None) -> str:
-    """A value as a table cell: floats to 6 significant digits, NULL, escaped newlines."""
+    """A value as a table cell: floats to 6 significant digits, NULL, escaped newlines; cut to
+    ``width`` with '…', except numbers, which are never cut (they run past their column)."""
     if v is None:
         text = "NULL"
     elif isinstance(v, bool):
@@ -32,7 +33,7 @@ def format_value(v, width: Optional[int] = None) -> str:
         text = json.dumps(v, ensure_ascii=False)
     else:
         text = str(v).replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
-    if width is not None and display_width(text) > width:  # wide characters take two columns
+    if width is not None and display_width(text) > width and not _numeric(v):  # wide characters take two columns
         while text and display_width(text) > width - 1:
             text = text[:-1]
         text += "…"

@@ -16,7 +16,6 @@ import time
 from typing import IO, Callable, Iterator, List, Optional, Tuple
 
 from ..errors import Error
-from ..syntax import ast as A
 from .commands import run_command
 
 __all__ = ["Shell", "ScriptShell"]
@@ -191,7 +190,7 @@ class Shell:
             result = self.con._statement(st, text, self.params)
             ticket.attach(result)
             if not ticket.stopped:
-                self._show(result, stream=isinstance(st, A.Query))
+                self._show(result)
                 if result.kind == "rows":
                     self.last_result = result
 
@@ -265,9 +264,9 @@ class Shell:
         worker.join()
         return ticket.stopped, (box[0] if box else None)
 
-    def _show(self, result, stream: bool = True) -> None:
-        """Write a statement's result: a query's table row by row as they come, sized to the
-        screen (``stream``), a table that is known at once (SHOW) sized to fit its values."""
+    def _show(self, result) -> None:
+        """Write a statement's result: a table row by row as they come, sized to the screen,
+        where rows stream (a query without aggregates); else sized to fit its values."""
         from ..output import started, write
         if result.kind == "status":
             self.say(result.message or "")
@@ -280,7 +279,7 @@ class Shell:
                 self.out.write(line + "\n")
             self.out.flush()
             return
-        write(result.columns, rows, self.mode, self.out, stream=stream, kinds=result.kinds,
+        write(result.columns, rows, self.mode, self.out, stream=result.streams, kinds=result.kinds,
               width=self.width() if self.width else None)
         self.out.flush()
         if getattr(result, "test_plan", None) is not None:  # TEST ...: its outcome under the table
