@@ -620,6 +620,16 @@ def test_csv_writes_booleans_and_nulls_as_the_other_formats_do(capsys):
     assert [json.loads(line)["likely"] for line in out.splitlines()] == [True, True]
 
 
+def test_tables_escape_control_characters_and_csv_keeps_them(capsys):
+    query = r"SELECT text MATCHING 'a\x1b\[31mRED\x07b\x08c\u202e\\d';"  # ESC, BEL, backspace, RLO, a backslash
+    code, out, err = run(capsys, "--format", "table", "-c", query)
+    assert code == 0, err
+    assert r"│ a\x1b[31mRED\x07b\x08c\u202e\\d │" in out
+    assert not any(ch in out for ch in "\x1b\x07\x08\u202e")
+    code, out, _ = run(capsys, "--format", "csv", "-c", query)
+    assert out == "text\na\x1b[31mRED\x07b\x08c\u202e\\d\n"  # data, as it is
+
+
 def test_json_says_when_it_writes_an_infinity_as_null(capsys):
     query = "SELECT text, ln(0) AS l, 1 AS one MATCHING 'a(b|c)';"
     for fmt in ("json", "jsonl"):

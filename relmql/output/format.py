@@ -6,6 +6,7 @@ import csv
 import itertools
 import json
 import math
+import re
 import shutil
 import sys
 from typing import IO, Iterable, Iterator, List, Optional, Sequence
@@ -16,8 +17,19 @@ FORMATS = ("table", "csv", "json", "jsonl")
 _NUMERIC_WIDTH = 13  # a float to 6 significant digits: -1.23457e-225
 
 
+# characters that would move the cursor, ring, recolour or reorder the terminal: written escaped
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _escape(m: "re.Match") -> str:
+    c = m.group()
+    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
 def format_value(v, width: Optional[int] = None) -> str:
-    """A value as a table cell: floats to 6 significant digits, NULL, escaped newlines; cut to
+    """A value as a table cell: floats to 6 significant digits, NULL, control characters escaped
+    (``\\n``, ``\\x1b``; a backslash doubled); cut to
     ``width`` with '…', except numbers, which are never cut (they run past their column)."""
     if v is None:
         text = "NULL"
@@ -32,7 +44,7 @@ def format_value(v, width: Optional[int] = None) -> str:
     elif isinstance(v, dict):  # a data file's JSON object, as JSON
         text = json.dumps(v, ensure_ascii=False)
     else:
-        text = str(v).replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+        text = _CONTROL.sub(_escape, str(v).replace("\\", "\\\\"))
     if width is not None and display_width(text) > width and not _numeric(v):  # wide characters take two columns
         while text and display_width(text) > width - 1:
             text = text[:-1]
