@@ -246,12 +246,25 @@ def test_connect_takes_options_as_keywords(con):
     ({"tokenization": "some"}, "tokenization is one of canonical, all"),
     ({"dtype": "float8"}, "dtype is one of"),
     ({"seed": -1}, "seed must be at least 0"),
+    ({"device": "tpu"}, "device is cpu, cuda, cuda:N or auto, not 'tpu'"),
 ])
 def test_bad_connect_options_are_clean_errors(options, words):
     with pytest.raises(PlanError) as info:
         relmql.connect(model="tiny-gpt2", **options)
     assert words in info.value.message
     assert "Traceback" not in info.value.render()
+
+
+def test_set_refuses_a_model_or_device_that_names_nothing(con):
+    session = fresh(con)
+    for statement, error, words in (("SET model = smolm2", relmql.ModelError, "unknown model 'smolm2'; did you mean"),
+                                    ("SET device = 'gpu'", PlanError, "device is cpu, cuda, cuda:N or auto")):
+        with pytest.raises(error, match=words) as info:  # at the SET, not at every query after it
+            session.sql(statement)
+        assert statement[info.value.span[0]:info.value.span[1]] in ("smolm2", "'gpu'")
+    assert session.settings["model"] == "tiny-gpt2" and session.settings["device"] == con.settings["device"]
+    with pytest.raises(relmql.ModelError, match="unknown model 'nosuch'"):
+        relmql.connect(model="nosuch")
 
 
 def test_connection_is_a_context_manager(con):

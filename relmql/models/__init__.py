@@ -4,7 +4,7 @@ loaders (``builtin``); device and dtype resolution is shared by both (``device``
 
 from __future__ import annotations
 
-from .registry import BUILTIN_MODELS, DEFAULT_MODEL, ModelCache, load_model
+from .registry import BUILTIN_MODELS, DEFAULT_MODEL, ModelCache, check_model_name, load_model
 from .vocab import Vocabulary
 
 

@@ -37,13 +37,19 @@ def load_model(name: str = DEFAULT_MODEL, device: Optional[str] = None, dtype: O
     ``device``: cpu, cuda, cuda:N or auto (default); ``dtype``: float32 (default: exact),
     bfloat16, float16 or auto (the fastest the hardware runs natively; approximate).
     """
+    check_model_name(name)
     if name in BUILTIN:
         module, function = BUILTIN[name].split(":")
         return getattr(importlib.import_module(f".{module}", __package__), function)(device=device, dtype=dtype)
-    name = HUB_ALIASES.get(name, name)
-    if os.path.isdir(name) or "/" in name:
-        from .hf import TransformersModel
-        return TransformersModel.from_pretrained(name, device=device, dtype=dtype)
+    from .hf import TransformersModel
+    return TransformersModel.from_pretrained(HUB_ALIASES.get(name, name), device=device, dtype=dtype)
+
+
+def check_model_name(name: str) -> None:
+    """A ``ModelError`` for a name that ``load_model`` cannot take, without loading anything:
+    one neither built in, nor a hub alias, a local directory or a hub id (``owner/name``)."""
+    if name in BUILTIN or name in HUB_ALIASES or os.path.isdir(name) or "/" in name:
+        return
     near = closest(name, BUILTIN_MODELS + tuple(HUB_ALIASES))
     raise ModelError(f"unknown model {name!r}" + (f"; did you mean {near!r}?" if near else ""),
                      hint=f"built-in models: {', '.join(BUILTIN_MODELS)}; or give a local directory "

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..errors import Error, closest
 from ..syntax import ast as A
 from ..syntax.unparse import unparse
 from ..memory import DEFAULT_MAX_MEMORY, format_size, parse_size
-from ..models import DEFAULT_MODEL
+from ..models import DEFAULT_MODEL, check_model_name
 from ..records import (DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_MAX_STATES, DTYPES, EDIT_SCOPES, ESTIMATE_SAMPLES,
                        EXACT_LIMIT, MAX_EDITS, MAX_NODES_PER_ROW, MAX_PREFIX_TOKENS, MAX_TOKENS, SAMPLE_BATCH_SIZE,
                        SAMPLING_MODES, SEARCH_BATCH_SIZE, SEARCH_MAX_BATCH_SIZE, TOKENIZATIONS, CompileOptions, Decoding,
@@ -71,6 +72,7 @@ class OptionSpec:
     low_open: bool = False
     high_open: bool = False
     session_only: bool = False
+    validate: Optional[Callable[[str], None]] = None  # text: raises an Error for a value that names nothing
 
     def check(self, value, span=None, source=None):
         """``value`` converted to this option's type, or a ``PlanError``."""
@@ -98,6 +100,12 @@ class OptionSpec:
         if self.kind == "text":
             if not isinstance(value, str):
                 raise bad(f"is a string, not {shown(value)}")
+            if self.validate is not None:
+                try:
+                    self.validate(value)
+                except Error as e:
+                    e.span, e.source = span, source
+                    raise
             return value
         if self.kind == "size":
             try:
@@ -129,6 +137,14 @@ class OptionSpec:
         if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
             raise bad(f"must be {'less than' if self.high_open else 'at most'} {self.high:g}, not {shown(value)}")
         return value
+
+
+_DEVICE = re.compile(r"auto|cpu|mps|(cuda|xpu)(:\d+)?")
+
+
+def _check_device(name: str) -> None:
+    if not _DEVICE.fullmatch(name):
+        raise PlanError(f"device is cpu, cuda, cuda:N or auto, not {shown(name)}")
 
 
 OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
@@ -182,13 +198,15 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
     OptionSpec("test_draws", "int", 5000, "test",
                "TEST INDEPENDENCE over probabilities: how many draws per value of the first variable they "
                "stand for (the ReLM paper drew 5000 per gender)", low=1),
-    OptionSpec("device", "text", DEFAULT_DEVICE, "model", "where the model runs: cpu, cuda, cuda:N or auto"),
+    OptionSpec("device", "text", DEFAULT_DEVICE, "model", "where the model runs: cpu, cuda, cuda:N or auto",
+               validate=_check_device),
     OptionSpec("dtype", "choice", DEFAULT_DTYPE, "model",
                "model weights: float32 (exact), or bfloat16, float16 or auto (the fastest the hardware runs "
                "natively): faster, with approximate probabilities", DTYPES,
                session_only=True),
     OptionSpec("model", "text", DEFAULT_MODEL, "model",
-               "the default model: a built-in name, a local directory or a hub id", session_only=True),
+               "the default model: a built-in name, a local directory or a hub id", session_only=True,
+               validate=check_model_name),
     OptionSpec("threads", "int", None, "session",
                "CPU threads of the model's arithmetic, in this process or (engine ray) in each worker "
                "(default: torch's own choice here, a worker's share of the CPUs there)", low=1, session_only=True),
