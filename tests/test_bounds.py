@@ -109,6 +109,34 @@ def test_a_stopped_search_is_on_the_result(con):
     assert len(r.fetchall()) == 120 and r.stopped is None
 
 
+def test_the_models_context_bounds_the_text_as_max_tokens_does(tiny, monkeypatch):
+    """A model reads at most its context (tiny-gpt2: 512 positions; past them its position
+    embedding raised a raw IndexError): the search reads no node past it, its rows are those of
+    an unbounded search that fit, in the same order, and sampling stops its draws there."""
+    from relmql.execute import Sample
+    ta = compile("a( a){0,30}", tiny.vocabulary)  # a string of k+1 tokens for each k
+    full = list(execute(ta, tiny, ShortestPath()))
+    assert len(full) == 31
+    monkeypatch.setattr(tiny, "max_length", 12)
+    stats = SearchStats()
+    cut = list(execute(ta, tiny, ShortestPath(), stats=stats))
+    assert [r.tokens for r in cut] == [r.tokens for r in full if len(r.tokens) <= 12]
+    drawn = list(execute(compile("[a-z ]+", tiny.vocabulary), tiny, Sample(n=20, seed=1, max_tokens=1000)))
+    assert len(drawn) == 20 and max(len(r.tokens) for r in drawn) < 12
+    long = compile("a( a){20,30}", tiny.vocabulary)
+    stats = SearchStats()
+    assert list(execute(long, tiny, ShortestPath(), stats=stats)) == [] and stats.no_row == ("context",)
+
+
+def test_a_prefix_longer_than_the_models_context_is_one_message(con):
+    prefix = "a" + " a" * 600  # 601 tokens; tiny-gpt2 reads 512
+    query = f"SELECT text MATCHING '{prefix}( b| c)' PREFIX '{prefix}'"
+    session = fresh(con)
+    assert session.sql(query + " LIMIT 1").fetchall() == []  # with a note: no rows, the context length
+    with pytest.raises(relmql.ModelError, match="tiny-gpt2 reads at most 512 tokens .* this query needs 602"):
+        session.sql(query + " SAMPLE 1 USING max_prefix_tokens 1000").fetchall()
+
+
 @pytest.mark.parametrize("order", ["prob", "total_prob"])
 def test_rows_before_a_memory_stop_are_the_first_rows(model, order):
     # every string of [a-h]+ is a row: rows come steadily while the queue grows

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -117,6 +118,7 @@ class Sampler:
     def __init__(self, automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opts: Sample,
                  stats: Optional[SampleStats] = None):
         self.automaton, self.model = automaton, model
+        self.context = getattr(model, "max_length", None) or sys.maxsize  # tokens the model reads at most
         self.rules, self.opts = rules.check(), opts.check()
         opts = self.opts
         self.stats = stats if stats is not None else SampleStats()
@@ -286,7 +288,7 @@ class Sampler:
         if final and (len(toks) == 0 or opts.first_match) and not self.rules.eos:
             self.finish(w, edits)
             return "end", None
-        if len(w.tokens) >= opts.max_tokens:
+        if len(w.tokens) >= opts.max_tokens or len(w.state.tokens) >= self.context:
             toks = toks[:0]  # no room for more tokens: only the end of text remains
         can_end = final and eos is not None
         if self.exact:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Generator, Iterator, List, Optional, Tuple
@@ -47,7 +48,7 @@ KID = np.dtype([("token", np.int64), ("state", np.int64), ("prefix", bool), ("ra
                 ("rule", np.float64), ("tier", np.int8), ("val", np.float64)])
 ONE_SORT = 1 << 16  # up to this many children in a batch are sorted at once, more node by node
 CUT = 64  # nodes cut short, per cause, that a search with no row looks at again (ShortestPathSearch._cut)
-NO_ROW = ("rules", "max_tokens", "max_prefix_tokens")  # why a search may end with no row (SearchStats.no_row)
+NO_ROW = ("rules", "max_tokens", "max_prefix_tokens", "context")  # why a search may end with no row (SearchStats.no_row)
 
 
 class _Node:
@@ -80,8 +81,8 @@ class SearchStats:
     queue and stored children (estimated before each model call), the ``Stop`` when a bound
     ended the search with the language not exhausted, and ``no_row``: why a search that ended with
     no row found none (``NO_ROW``: the decoding rules kept none of the tokens the language allowed
-    next; a completion or a prefix reached ``max_tokens`` or ``max_prefix_tokens`` where the
-    language went on)."""
+    next; a completion or a prefix reached ``max_tokens`` or ``max_prefix_tokens``, or the text
+    the model's context length, where the language went on)."""
     expanded: int = 0
     prefix: int = 0
     rows: int = 0
@@ -130,6 +131,7 @@ class ShortestPathSearch:
         model.set_cache_budget(self.budget.kv)
         automaton.set_cache_budget(self.budget.automaton)
         self.by_prob = self.opts.order == "prob"
+        self.context = getattr(model, "max_length", None) or sys.maxsize  # tokens the model reads at most
         # a grown call's next-token scores (float32 logits and log-probabilities) stay within a
         # quarter of the search's share of max_memory
         grow = min(self.opts.max_batch_size or self.opts.batch_size,
@@ -175,7 +177,8 @@ class ShortestPathSearch:
 
             def completes(s: int) -> bool:
                 return bool((~arcs(s).prefix).any())
-            goes_on = {"rules": completes, "max_tokens": completes, "max_prefix_tokens": lambda s: arcs(s).n_prefix > 0}
+            goes_on = {"rules": completes, "max_tokens": completes, "max_prefix_tokens": lambda s: arcs(s).n_prefix > 0,
+                       "context": lambda s: len(arcs(s)) > 0}
             self.stats.no_row = tuple(c for c in NO_ROW if any(goes_on[c](s) for s in self._cut[c]))
 
     def fill(self, cancel: Optional[threading.Event] = None) -> Generator[Row, None, bool]:
@@ -321,6 +324,10 @@ class ShortestPathSearch:
     def expandable(self, node: _Node) -> bool:
         """Whether a node can have a child or, with ``eos``, a result that needs its distribution."""
         automaton, opts, state = self.automaton, self.opts, node.state
+        if 1 + node.npre + node.ncomp > self.context:  # its tokens (and the start token) fill the model's context
+            if not self.found:
+                self.cut("context", [state])
+            return False
         if self.rules.eos and self.final_edits(state) >= 0:
             return True
         if node.ncomp >= opts.max_tokens and node.npre >= opts.max_prefix_tokens:
@@ -341,7 +348,8 @@ class ShortestPathSearch:
         """The token and state of a prefix node's only way on, if it has exactly one and the text
         cannot end at it."""
         automaton = self.automaton
-        if not node.prefix or node.npre >= self.opts.max_prefix_tokens or self.final_edits(node.state) >= 0:
+        if not node.prefix or node.npre >= self.opts.max_prefix_tokens or self.final_edits(node.state) >= 0 \
+                or 2 + node.npre > self.context:  # the next token would not fit the model's context
             return None
         arcs = automaton.arcs(node.state)
         if len(arcs) != 1 or not arcs.prefix[0]:

@@ -59,6 +59,7 @@ class LanguageModel(abc.ABC):
     device: torch.device
     stats: ModelStats
     approximate: Optional[str] = None  # why its probabilities are approximate; None when exact
+    max_length: Optional[int] = None  # the most tokens it reads at once (its context), start token included
 
     @property
     def eos_id(self) -> int:

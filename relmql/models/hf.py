@@ -79,6 +79,8 @@ class TransformersModel(LanguageModel):
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.approximate = approximate(str(self.dtype).replace("torch.", ""), str(self.device))
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.max_length = getattr(config, "max_position_embeddings", None)
         vocab_size = model.get_output_embeddings().weight.shape[0]
         self.vocabulary: Vocabulary = from_tokenizer(tokenizer, vocab_size, eos_id=eos_id, bos_id=bos_id)
         if self.vocabulary.bos_id is None:
@@ -249,6 +251,12 @@ class TransformersModel(LanguageModel):
                 seqs.append(((), None, list(st.tokens) + new, len(st.tokens)))
             else:
                 seqs.append((st.tokens, chain, new, 0))
+        longest = max((len(past) + len(new) for past, _, new, _ in seqs), default=0)
+        if self.max_length is not None and longest > self.max_length:
+            raise ModelError(f"{self.name} reads at most {self.max_length:,} tokens (its context length), the start "
+                             f"token included; this query needs {longest:,}",
+                             hint="lower max_prefix_tokens or max_tokens, shorten PREFIX, or use a model with a "
+                                  "longer context")
         return self._forward(seqs)
 
     def _forward(self, seqs) -> List[ModelState]:
