@@ -102,3 +102,17 @@ def test_costly_patterns_end_with_one_clear_error():
         assert message in got.get("error", ""), (pattern[:40], got)
         assert got["span"] is not None and got["span"][1] <= got["length"]
         assert "max_states" in got["hint"]
+
+
+def test_many_edits_are_refused_in_proportion_to_their_cost():
+    """The strings within j edits are built within max_states / j states: a subset-construction
+    state costs more as j grows (within 7 edits of "The cat sat": 24 s for 36,000 states, and 8
+    edits ran for minutes under the plain bound). Under max_states 2,000, 4 edits need 1,949
+    states, more than 2,000 / 4; 3 edits need 601, within 2,000 / 3."""
+    from relmql.automata.language import LanguageSpec, compile_language
+    from relmql.errors import CompileError
+    assert compile_language(LanguageSpec("The cat sat", edits=3, max_states=2000)).num_strings > 10 ** 9
+    with pytest.raises(CompileError, match=r"64 edits make too large an automaton: the strings within 4 edits of the "
+                                           r"query need more than 500 states \(max_states / 4\)") as info:
+        compile_language(LanguageSpec("The cat sat", edits=64, max_states=2000))
+    assert "max_states" in info.value.hint

@@ -7,6 +7,7 @@ from typing import Iterable, List, Optional, Sequence
 
 import pynini
 
+from ..errors import CompileError
 from .primitives import (EPS, NBYTES, ONE, SPLIT, TAG, apply, difference, intersect, is_final, lab, new_fst,
                          optimize, ranges_fst, sigma_star)
 
@@ -117,10 +118,21 @@ def edit_transducer(k: int, alphabet: str, scope: str) -> pynini.Fst:
 
 
 def with_edits(lang: pynini.Fst, k: int, alphabet: str, scope: str, max_states: int) -> List[pynini.Fst]:
-    """``[E_0, ..., E_k]``: the strings at edit distance exactly j from ``lang``."""
+    """``[E_0, ..., E_k]``: the strings at edit distance exactly j from ``lang``.
+
+    The strings within j edits are built within ``max_states / j`` states: a state of their
+    subset construction holds states of the edit transducer at up to j edit counts, so a state
+    costs more as j grows (within 6 edits of "The cat sat": 15,900 states before minimizing,
+    5 s; within 7: 35,900 states, 24 s; 8 took minutes), and the bound keeps each level's time
+    in proportion."""
     levels, previous = [], None
     for j in range(k + 1):
-        within = lang if j == 0 else optimize(apply(lang, edit_transducer(j, alphabet, scope)), max_states)
+        try:
+            within = lang if j == 0 else optimize(apply(lang, edit_transducer(j, alphabet, scope)), max_states // j)
+        except CompileError:
+            raise CompileError(f"{k} edits make too large an automaton: the strings within {j} edits of the query "
+                               f"need more than {max_states // j:,} states (max_states / {j})",
+                               hint="use fewer edits or a shorter pattern, or raise max_states") from None
         exact = within if previous is None else optimize(difference(within, previous), max_states)
         levels.append(exact)
         previous = within
