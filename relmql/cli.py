@@ -95,7 +95,12 @@ def _format(args, out: IO[str]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.param = _params(args.param)
+    except Error as e:
+        parser.error(e.message)  # a wrong command line: the usage, exit status 2
     try:
         return _main(args)
     except KeyboardInterrupt:  # outside a statement (one is cancelled in run_script)
@@ -105,7 +110,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _main(args) -> int:
     try:
-        params = _params(args.param)
+        params = args.param
         if args.plot:
             from .output.plot import check_path
             check_path(args.plot)
@@ -125,9 +130,12 @@ def _main(args) -> int:
             print(f"error: cannot read {f}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
             return EXIT_ERROR
     if not scripts:
-        if sys.stdin.isatty() and not args.output:
+        if sys.stdin.isatty():
             from .repl import run_repl
-            return run_repl(con, mode=args.format or "table", params=params)
+            if args.plot:
+                print("note: --plot draws a script's results; in the shell, .plot FILE draws the last query's",
+                      file=sys.stderr)
+            return run_repl(con, mode=args.format, params=params, results=args.output)
         scripts.append(("<stdin>", sys.stdin.read()))
     from .output import Sink
     try:

@@ -264,8 +264,10 @@ def test_param(capsys):
 
 @pytest.mark.parametrize("bad", ["who", "=x", "a-b=x", "a b=x"])
 def test_bad_param_is_an_error(capsys, bad):
-    code, _, err = run(capsys, "--param", bad, "-c", "SELECT text MATCHING 'a';")
-    assert code == 1 and "--param takes NAME=VALUE" in err
+    with pytest.raises(SystemExit) as info:  # a wrong command line: argparse's usage error
+        run(capsys, "--param", bad, "-c", "SELECT text MATCHING 'a';")
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith("usage: ") and "--param takes NAME=VALUE" in err
 
 
 def test_param_names_in_any_script(capsys):

@@ -319,6 +319,18 @@ def test_output_sends_results_to_a_file(con, tmp_path):
     assert "cannot write" in screen
 
 
+def test_a_results_file_from_the_start_as_psqls_o(con, tmp_path):
+    """``relmql -o FILE`` on a terminal: the shell, its results going to FILE (in the format its
+    extension names) until ``.output``."""
+    target = tmp_path / "out.csv"
+    _, screen = drive(con, "SELECT text MATCHING 'a(b|c)';\r.output\rSELECT text MATCHING 'a(b|c)' LIMIT 1;\r"
+                      + CTRL_D, results=str(target))
+    assert target.read_text() == "text\nac\nab\n"
+    assert f"results go to {target} (csv)" in screen and "(1 row)" in screen
+    code, screen = drive(con, CTRL_D, results=str(tmp_path / "no" / "dir" / "x.csv"))
+    assert code == 1 and "cannot write" in screen
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_output_to_a_full_disk_is_one_message(con):
     _, screen = drive(con, ".output /dev/full\rSELECT text MATCHING 'a(b|c)';\r.output\r"

@@ -15,6 +15,7 @@ import os
 import sys
 from typing import IO, Optional
 
+from ..errors import Error
 from .commands import COMMANDS, help_text, run_command
 from .shell import Shell
 
@@ -72,11 +73,14 @@ def _key_bindings(session_buffer):
 
 
 def run_repl(con, input=None, output=None, stdout: Optional[IO[str]] = None,
-             stderr: Optional[IO[str]] = None, mode: str = "table", params=None) -> int:
-    """The shell on ``con`` until ``.quit`` or Ctrl-D; returns the exit status (0).
+             stderr: Optional[IO[str]] = None, mode: Optional[str] = None, params=None,
+             results: Optional[str] = None) -> int:
+    """The shell on ``con`` until ``.quit`` or Ctrl-D; returns the exit status (0, or 1 when
+    ``results`` cannot be written).
 
-    ``mode``: the starting output format (``.mode``); ``params``: values of ``:name``
-    parameters for every statement (the CLI's ``--param``).
+    ``mode``: the starting output format (``.mode``; default: table, or the format that
+    ``results`` names); ``params``: values of ``:name`` parameters for every statement (the
+    CLI's ``--param``); ``results``: a file the results go to from the start (``.output``).
 
     ``input``/``output``: prompt_toolkit's (tests pass a pipe input and an output over a
     StringIO). Results and messages go to ``stdout`` (default: the stream of ``output`` where it
@@ -96,7 +100,15 @@ def run_repl(con, input=None, output=None, stdout: Optional[IO[str]] = None,
         stdout = output.stdout
         stderr = stderr or stdout
     shell = Shell(con, stdout or sys.stdout, stderr or sys.stderr, params=params)
-    run_command(shell, f".mode {mode}")
+    run_command(shell, ".mode table")
+    try:
+        if results is not None:
+            shell.set_output(results)  # .output FILE: a .csv or .json file chooses its format
+        if mode is not None:
+            run_command(shell, f".mode {mode}")
+    except Error as e:
+        shell.report(e)
+        return 1
     session: PromptSession = None  # type: ignore[assignment]
     session = PromptSession(
         PROMPT, multiline=True, prompt_continuation=CONTINUATION,
@@ -108,6 +120,8 @@ def run_repl(con, input=None, output=None, stdout: Optional[IO[str]] = None,
     shell.width = lambda: session.output.get_size().columns
     shell.say(f"relmql {__version__} on {con.settings['model']}. Statements end with ';'. "
               "Enter .help for the commands; Ctrl-D exits.")
+    if results is not None:
+        shell.say(f"results go to {results} ({shell.mode}); .output brings them back here")
     try:
         while not shell.done:
             try:
