@@ -247,6 +247,7 @@ def test_connect_takes_options_as_keywords(con):
     ({"dtype": "float8"}, "dtype is one of"),
     ({"seed": -1}, "seed must be at least 0"),
     ({"device": "tpu"}, "device is cpu, cuda, cuda:N or auto, not 'tpu'"),
+    ({"temperature": 1e-45}, "temperature must be at least 1e-30"),  # the logits overflowed: no row, no word
 ])
 def test_bad_connect_options_are_clean_errors(options, words):
     with pytest.raises(PlanError) as info:

@@ -153,8 +153,8 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
     OptionSpec("topp", "float", None, "decoding",
                "keep only the most probable next tokens that reach probability p (completion only)",
                low=0, high=1, low_open=True),
-    OptionSpec("temperature", "float", Decoding.temperature, "decoding", "divide the logits by this", low=0,
-               low_open=True),
+    # below 1e-30, float32 logits divided by it overflow to infinity (every probability NaN)
+    OptionSpec("temperature", "float", Decoding.temperature, "decoding", "divide the logits by this", low=1e-30),
     OptionSpec("eos", "bool", Decoding.eos, "decoding", "a string must be followed by the end-of-text token"),
     OptionSpec("tokenization", "choice", CompileOptions.tokenization, "compile",
                "completion token sequences: canonical (what the tokenizer produces) or all", TOKENIZATIONS),
