@@ -194,6 +194,10 @@ def test_show_statements(con):
     assert rows["tiny-gpt2"] == (True, True) and rows["smollm2-135m"][0] is False
     options = con.sql("show options").to_dicts()
     assert [o["option"] for o in options] == list(OPTIONS)
+    session = fresh(con)
+    session.sql('SET "topk" = 3')  # a quoted name is a name, here too
+    assert session.sql('SHOW "topk"').fetchall() == session.sql("SHOW topk").fetchall() == [
+        ("topk", 3, None, OPTIONS["topk"].doc)]
     for o in options:
         assert o["default"] == OPTIONS[o["option"]].default and o["meaning"]
     assert {o["option"]: o["value"] for o in options}["model"] == "tiny-gpt2"

@@ -531,12 +531,14 @@ BAD = [
     ("SELECT len(text) AS n MATCHING 'a'", PlanError, "len", "did you mean length()"),
     ("SELECT text MATCHING 'a' TEST NORMALITY OF text", PlanError, "NORMALITY", "unknown test 'normality'"),
     ("SELECT text, prob MATCHING 'a' TEST INDEPENDENCE OF text", PlanError, "text", "compares two columns"),
+    ("SELECT text, count(*) AS n MATCHING 'a' SAMPLE 2 GROUP BY text TEST INDEPENDENCE OF text, n", PlanError, "n",
+     "n is an aggregate, the weight of the cells"),
     ("SELECT text MATCHING 'a' PREFIX 'b'", CompileError, "b", "no string of MATCHING starts with"),
     ("SELECT text MATCHING 'a' FOR EACH ROW IN 'no/such/file.jsonl'", PlanError, "'no/such/file.jsonl'",
      "no data file"),
     ("SELECT text MATCHING 'a' USING topk 'x'", PlanError, "'x'", "topk is a whole number"),
     ("SELECT text MATCHING 'a' USING topk 0", PlanError, "0", "at least 1"),
-    ("SELECT text MATCHING 'a' USING temperature -1", PlanError, "-1", "more than 0"),
+    ("SELECT text MATCHING 'a' USING temperature -1", PlanError, "-1", "at least 1e-30"),
     ("SELECT text MATCHING 'a' USING tokenization some", PlanError, "some", "canonical, all"),
     ("SELECT text MATCHING 'a' SAMPLE -1", PlanError, "-1", "SAMPLE must be a whole number"),
     ("SELECT text MATCHING 'a' SAMPLE 'a'", PlanError, "'a'", "SAMPLE must be a whole number"),
@@ -566,8 +568,8 @@ BAD = [
     ("SELECT text MATCHING 'a' LIMIT 2.5", PlanError, "2.5", "a whole number of zero or more, not 2.5"),
     ("SELECT regexp_replace(text, '(a)', '\\9') AS x MATCHING 'a'", PlanError,
      "regexp_replace(text, '(a)', '\\9')", "bad replacement '\\9': invalid group reference 9"),
-    ("SELECT regexp_replace(text, '(a', 'b') AS x MATCHING 'a'", PlanError, "regexp_replace(text, '(a', 'b')",
-     "bad regex"),
+    ("SELECT regexp_replace(text, '(a', 'b') AS x MATCHING 'a'", PlanError, "'(a'", "bad regex"),
+    ("SELECT regexp_extract(text, '(') AS g MATCHING 'a'", PlanError, "'('", "bad regex"),
 ]
 
 

@@ -390,8 +390,9 @@ def _call(node: A.Call, env: Env):
             for v, kind in zip(args, fn.types)]
     try:
         return fn.impl(*args)
-    except re.error as e:
-        raise PlanError(f"{name}(): bad regex: {e}", node.span) from None
+    except re.error as e:  # under the argument that holds the regex
+        span = next((a.span for a, v in zip(node.args, args) if isinstance(v, str) and v == e.pattern), node.span)
+        raise PlanError(f"{name}(): bad regex: {e}", span) from None
     except (ValueError, IndexError, OverflowError) as e:
         raise PlanError(f"{name}(): {e}", node.span) from None
 

@@ -409,6 +409,12 @@ def _test(test: Optional[A.Test], outputs, aggregate: bool, source: str, draws: 
     weights = [o for o in outputs if o not in (a, b) and is_aggregate(o.expr)]
     weight = next((o for o in weights if probabilities(o)), weights[0] if weights else None)
     if weight is None and aggregate:
+        tested = next((o for o in (a, b) if is_aggregate(o.expr)), None)
+        if tested is not None:  # OF g, n with n the count(*) column: the cells' weight is not a variable
+            raise PlanError(f"TEST compares two category columns; {tested.name} is an aggregate, the weight of "
+                            f"the cells", test.columns[(a, b).index(tested)].span, source,
+                            hint="name a second GROUP BY column: SELECT g, h, count(*) AS n ... GROUP BY g, h "
+                                 "TEST INDEPENDENCE OF g, h")
         raise PlanError("TEST over grouped rows needs a count(*), sum(...) or probability() column to weigh "
                         "the cells", test.span, source)
     return TestPlan(a=a.name, b=b.name, weight=weight.name if weight else None,

@@ -224,10 +224,10 @@ class _ToAst(Transformer_NonRecursive):
 
     def set_stmt(self, meta, c):
         name = c[1]
-        return A.Set(str(name).lower(), c[-1], _span(meta), _tspan(name))
+        return A.Set(_name(name).lower(), c[-1], _span(meta), _tspan(name))
 
     def show(self, meta, c):
-        return A.Show(str(c[1]).lower(), _span(meta))
+        return A.Show(_name(c[1]).lower(), _span(meta))
 
     def query(self, meta, children):
         values = {}
