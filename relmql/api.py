@@ -18,6 +18,7 @@ from .models import BUILTIN_MODELS, LanguageModel, ModelCache
 from .output import render_table
 from .output.format import format_value
 from .plan import OPTIONS, ModelRef, PlanError, QueryPlan, TestPlan, constant, defaults, option, plan
+from .plan.expr import is_probability
 from .plan.options import shown
 from .records import Cancelled, Stop
 from .stats import Chi2Result, chi2_independence
@@ -48,8 +49,9 @@ class Result:
                  explain: Optional[Callable[[], str]] = None, message: Optional[str] = None,
                  kinds: Optional[Sequence[str]] = None, test: Optional[TestPlan] = None,
                  start: Optional[Callable[[], None]] = None, stop: Optional[Callable[[], None]] = None,
-                 streams: bool = False):
+                 streams: bool = False, probabilities: Sequence[str] = ()):
         self.columns = tuple(columns)
+        self.probabilities = frozenset(probabilities)  # columns that read a probability (chi2's weights)
         self.streams = streams  # rows arrive one by one (a query without aggregates), not all at the end
         self.kind = kind  # rows, text (EXPLAIN) or status (SET)
         self.message = message
@@ -202,12 +204,18 @@ class Result:
     def chi2(self, a: str, b: str, weight: Optional[str] = None, n_per_row: Optional[float] = None) -> Chi2Result:
         """The χ² test of independence of columns ``a`` and ``b`` over all rows, each adding its
         ``weight`` column (or 1) to its cell; ``n_per_row``: treat the cells as probabilities
-        standing for that many draws per value of ``a`` (see ``relmql.stats.chi2_independence``)."""
+        standing for that many draws per value of ``a`` (see ``relmql.stats.chi2_independence``);
+        a weight that is a probability needs it, as probabilities carry no sample size."""
         for c in (a, b) + ((weight,) if weight else ()):
             if c not in self.columns:
                 near = closest(c, self.columns)
                 raise Error(f"no column {c!r} in this result" + (f"; did you mean {near}?" if near else ""),
                             hint=f"columns: {', '.join(self.columns)}")
+        if weight in self.probabilities and n_per_row is None:  # tested as counts, any table is independent
+            raise Error(f"the weight {weight!r} is a probability, which carries no sample size: say how many draws "
+                        f"each value of {a!r} stands for",
+                        hint=f"res.chi2({a!r}, {b!r}, weight={weight!r}, n_per_row=5000): TEST does so with the "
+                             f"test_draws option (5000, the ReLM paper's draws per gender)")
         try:
             return chi2_independence(self.to_dicts(), a, b, weight, n_per_row)
         except ValueError as e:
@@ -424,7 +432,8 @@ class Connection:
 
         return Result(p.columns, rows, explain=lambda: self._explain(p), kinds=[o.kind for o in p.outputs],
                       test=p.test, start=remote.start if remote is not None else None,
-                      stop=remote.cancel if remote is not None else None, streams=not p.aggregate)
+                      stop=remote.cancel if remote is not None else None, streams=not p.aggregate,
+                      probabilities=[o.name for o in p.outputs if is_probability(o.expr)])
 
     def _explain(self, p) -> str:
         from .explain import explain  # the engine, and torch, only when a plan is explained

@@ -552,6 +552,10 @@ def test_test_clause_on_exact_probabilities(con):
     want = _scipy_chi2(table / table.sum(axis=1, keepdims=True) * 1000)
     assert (r.test.statistic, r.test.p_value) == pytest.approx(want[:2]) and r.test.n_per_row == 1000
     assert "1,000 draws per gender" in r.test.summary()
+    # from Python: the same test, once told the draws; a probability tested as counts is refused
+    assert r.chi2("gender", "field", weight="p", n_per_row=1000).statistic == pytest.approx(want[0])
+    with pytest.raises(Error, match="the weight .p. is a probability, which carries no sample size"):
+        r.chi2("gender", "field", weight="p")
 
 
 def test_test_weighs_by_probabilities_before_counts(con):

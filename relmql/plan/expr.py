@@ -195,6 +195,13 @@ def is_aggregate(node) -> bool:
     return any(isinstance(n, A.Call) and n.name in AGGREGATES for n in node.walk())
 
 
+def is_probability(node) -> bool:
+    """Whether ``node`` reads a probability (probability(), prob, total_prob): as a test's weight
+    it carries no sample size of its own."""
+    return any((isinstance(n, A.Call) and n.name == "probability") or
+               (isinstance(n, A.Column) and n.name in ("prob", "total_prob")) for n in node.walk())
+
+
 class Env:
     """What an expression can see: columns, parameters, capture groups; ``rows`` under GROUP BY
     (and ``probability()``, the group's measured probability)."""

@@ -14,7 +14,7 @@ from ..records import (COLUMNS, COMPUTED_COLUMNS, SAMPLE_BATCH_SIZE, CompileOpti
                        Sample, ShortestPath, Traversal)
 from ..syntax import ast as A
 from ..syntax import string_literal_at, unparse
-from .expr import AGGREGATES, Env, check_calls, escape, evaluate, is_aggregate, kind, truth
+from .expr import AGGREGATES, Env, check_calls, escape, evaluate, is_aggregate, is_probability, kind, truth
 from .options import OPTIONS, PlanError, option, shown, whole_number
 
 ORDER_COLUMNS = {"prob": "prob", "total_prob": "total_prob", "logprob": "prob", "total_logprob": "total_prob"}
@@ -403,8 +403,7 @@ def _test(test: Optional[A.Test], outputs, aggregate: bool, source: str, draws: 
         raise PlanError("a test of independence needs two different columns", test.columns[1].span, source)
 
     def probabilities(o: Output) -> bool:
-        return any((isinstance(n, A.Call) and n.name == "probability") or
-                   (isinstance(n, A.Column) and n.name in ("prob", "total_prob")) for n in o.expr.walk())
+        return is_probability(o.expr)
 
     weights = [o for o in outputs if o not in (a, b) and is_aggregate(o.expr)]
     weight = next((o for o in weights if probabilities(o)), weights[0] if weights else None)
