@@ -251,6 +251,7 @@ def _run_statements(con, text: str, name: str, params, fmt: str, out: IO[str], e
     if not statements and shell is None:
         print(f"note: {name} has no statements", file=err)
     first = shell.first if shell is not None else True
+    arrays = 0  # JSON arrays written
     ahead: Dict[int, object] = {}
     running: List[object] = []  # the query being read, cancelled by Ctrl-C
     with _ctrl_c(running) as pressed:
@@ -287,6 +288,10 @@ def _run_statements(con, text: str, name: str, params, fmt: str, out: IO[str], e
                     continue
                 write(result.columns, rows, fmt, out, stream=fmt == "table" and out.isatty() and result.streams,
                       kinds=result.kinds)
+                arrays += fmt == "json"
+                if arrays == 2:  # as duckdb writes them; a reader of one JSON document stops at the second
+                    print(f"note: {getattr(out, 'name', 'the output')} holds one JSON array per statement; "
+                          "--format jsonl writes rows that read as one stream", file=err)
                 if result.test_plan is not None:  # beside machine formats, on stderr
                     print(result.test.summary(), file=out if fmt == "table" else err)
                 if plot is not None and isinstance(st, A.Query) and result.kind == "rows":

@@ -632,6 +632,21 @@ def test_tables_escape_control_characters_and_csv_keeps_them(capsys):
     assert out == "text\na\x1b[31mRED\x07b\x08c\u202e\\d\n"  # data, as it is
 
 
+def test_json_output_of_several_statements_says_it_is_several_arrays(capsys, tmp_path):
+    target = tmp_path / "m.json"
+    code, _, err = run(capsys, "-o", str(target), "-c", "SELECT text MATCHING 'a(b|c)'; SELECT 1 AS x MATCHING 'a'")
+    assert code == 0 and err == f"note: {target} holds one JSON array per statement; --format jsonl writes rows " \
+                                "that read as one stream\n"
+    decoder, text, arrays = json.JSONDecoder(), target.read_text().strip(), []
+    while text:
+        value, end = decoder.raw_decode(text)
+        arrays.append(value)
+        text = text[end:].strip()
+    assert [len(a) for a in arrays] == [2, 1]
+    code, _, err = run(capsys, "-o", str(target), "-c", "SELECT text MATCHING 'a(b|c)'")
+    assert code == 0 and err == "" and len(json.loads(target.read_text())) == 2
+
+
 def test_json_says_when_it_writes_an_infinity_as_null(capsys):
     query = "SELECT text, ln(0) AS l, 1 AS one MATCHING 'a(b|c)';"
     for fmt in ("json", "jsonl"):
