@@ -48,7 +48,8 @@ KID = np.dtype([("token", np.int64), ("state", np.int64), ("prefix", bool), ("ra
                 ("rule", np.float64), ("tier", np.int8), ("val", np.float64)])
 ONE_SORT = 1 << 16  # up to this many children in a batch are sorted at once, more node by node
 CUT = 64  # nodes cut short, per cause, that a search with no row looks at again (ShortestPathSearch._cut)
-NO_ROW = ("rules", "max_tokens", "max_prefix_tokens", "context")  # why a search may end with no row (SearchStats.no_row)
+# why a search may end with no row (SearchStats.no_row)
+NO_ROW = ("rules", "max_tokens", "max_prefix_tokens", "context")
 
 
 class _Node:

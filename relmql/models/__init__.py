@@ -16,4 +16,5 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["LanguageModel", "ModelState", "Vocabulary", "load_model", "ModelCache", "BUILTIN_MODELS", "DEFAULT_MODEL"]
+__all__ = ["LanguageModel", "ModelState", "Vocabulary", "load_model", "ModelCache", "BUILTIN_MODELS", "DEFAULT_MODEL",
+           "check_model_name"]
