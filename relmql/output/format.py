@@ -244,32 +244,23 @@ def write(columns: Sequence[str], rows: Iterable[tuple], fmt: str, out: IO[str],
             n += 1
         return n
     if fmt in ("json", "jsonl"):
-        nulled = [0]  # infinities and NaNs, which JSON cannot write
-
-        def obj(r: tuple) -> str:
-            if any(isinstance(v, float) and not math.isfinite(v) for v in r):
-                nulled[0] += 1
-            return json.dumps({c: _jsonable(v) for c, v in zip(columns, r)}, ensure_ascii=False)
-        try:
-            if fmt == "jsonl":
-                for r in rows:
-                    out.write(obj(r) + "\n")
-                    out.flush()
-                    n += 1
-                return n
+        nulled = 0  # rows with an infinity or NaN, which JSON cannot write
+        if fmt == "json":
             out.write("[")
-            try:
-                for r in rows:
-                    out.write(("," if n else "") + "\n  " + obj(r))
-                    out.flush()
-                    n += 1
-            finally:
-                out.write("\n]\n" if n else "]\n")
-            return n
+        try:
+            for r in rows:
+                nulled += any(isinstance(v, float) and not math.isfinite(v) for v in r)
+                obj = json.dumps({c: _jsonable(v) for c, v in zip(columns, r)}, ensure_ascii=False)
+                out.write(obj + "\n" if fmt == "jsonl" else ("," if n else "") + "\n  " + obj)
+                out.flush()
+                n += 1
         finally:
-            if nulled[0]:
-                print(f"note: JSON has no infinity or NaN: written as null in {nulled[0]:,} "
-                      f"row{'s' if nulled[0] != 1 else ''}", file=sys.stderr)
+            if fmt == "json":
+                out.write("\n]\n" if n else "]\n")
+            if nulled:
+                print(f"note: JSON has no infinity or NaN: written as null in {nulled:,} "
+                      f"row{'s' if nulled != 1 else ''}", file=sys.stderr)
+        return n
     raise ValueError(f"unknown format {fmt!r}; use {', '.join(FORMATS)}")
 
 
