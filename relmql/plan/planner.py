@@ -402,11 +402,8 @@ def _test(test: Optional[A.Test], outputs, aggregate: bool, source: str, draws: 
     if a.name == b.name:
         raise PlanError("a test of independence needs two different columns", test.columns[1].span, source)
 
-    def probabilities(o: Output) -> bool:
-        return is_probability(o.expr)
-
     weights = [o for o in outputs if o not in (a, b) and is_aggregate(o.expr)]
-    weight = next((o for o in weights if probabilities(o)), weights[0] if weights else None)
+    weight = next((o for o in weights if is_probability(o.expr)), weights[0] if weights else None)
     if weight is None and aggregate:
         tested = next((o for o in (a, b) if is_aggregate(o.expr)), None)
         if tested is not None:  # OF g, n with n the count(*) column: the cells' weight is not a variable
@@ -417,7 +414,7 @@ def _test(test: Optional[A.Test], outputs, aggregate: bool, source: str, draws: 
         raise PlanError("TEST over grouped rows needs a count(*), sum(...) or probability() column to weigh "
                         "the cells", test.span, source)
     return TestPlan(a=a.name, b=b.name, weight=weight.name if weight else None,
-                    n_per_row=draws if weight is not None and probabilities(weight) else None)
+                    n_per_row=draws if weight is not None and is_probability(weight.expr) else None)
 
 
 def _refers_to_row(node: A.Node) -> bool:
