@@ -121,6 +121,20 @@ def test_children_sorted_for_the_batch_or_node_by_node_give_the_same_rows(smol, 
     assert len(ref) == 20
 
 
+def test_a_nodes_first_children_are_those_of_a_whole_stable_sort():
+    """``first_sorted`` (a partition, tier by tier, then a sort of the few kept) against a stable
+    sort of every child: the same positions, in the same order, ties and infinities included."""
+    from relmql.execute.shortest import first_sorted
+    rng = np.random.default_rng(7)
+    for trial in range(400):
+        m = int(rng.integers(0, 4000))
+        tier = rng.integers(0, 2, m).astype(np.int8) if trial % 3 else np.zeros(m, np.int8)
+        val = rng.integers(0, int(rng.integers(1, 40)), m).astype(np.float64)  # many ties
+        val[rng.random(m) < 0.05] = math.inf
+        n = int(rng.integers(1, 700))
+        assert np.array_equal(first_sorted(tier, val, n), np.lexsort((val, tier))[:n]), (trial, m, n)
+
+
 MONTHS = "(January|February|March|April|May|June|July|August|September|October|November|December)"
 
 

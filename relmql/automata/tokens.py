@@ -590,17 +590,18 @@ class TokenAutomaton:
     def _alive(self, state: int, region: int, depth: int) -> bool:
         """Whether the region's text may end at ``state`` or, looking ``depth`` tokens ahead,
         some token sequence leads on (chains of forced tokens that end in a pair BPE never
-        produces are cut); beyond ``depth`` a way on is assumed."""
+        produces are cut); beyond ``depth``, and from a state thousands of tokens leave (as
+        ``_pair_can_block`` assumes), a way on is assumed."""
         key = (state, region, depth)
         got = self._alive_memo.get(key)
         if got is not None:
             return got
         q, tau, lam = self.unpack(state)
         result = True
-        if depth > 0 and not self._region_end_ok(q, tau, region):
-            toks, tq, end, lam2, _ = self._step(q, tau, lam, region)
-            result = any(self._alive(int(self._pack(a, b, c)), region, depth - 1)
-                         for a, b, c in zip(tq.tolist(), end.tolist(), lam2.tolist()))
+        if depth > 0 and not self._region_end_ok(q, tau, region) and self._few_arcs(q):
+            _, tq, end, lam2, _ = self._step(q, tau, lam, region)
+            targets = np.unique(self._pack(tq, end, lam2))
+            result = any(self._alive(s, region, depth - 1) for s in targets.tolist())
         self._alive_memo[key] = result
         return result
 

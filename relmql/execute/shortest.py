@@ -96,6 +96,30 @@ class SearchStats:
         return self.stop is not None
 
 
+def first_sorted(tier: np.ndarray, val: np.ndarray, n: int) -> np.ndarray:
+    """``np.lexsort((val, tier))[:n]`` (ties in position order) without sorting the rest: each
+    tier's smallest values are found by ``np.partition``, tier by tier, and only those sorted
+    (a node with 49,152 children stores 256)."""
+    if len(val) <= 2 * n:
+        return np.lexsort((val, tier))[:n]
+    picked, left = [], n
+    for t in np.unique(tier).tolist():
+        at = np.flatnonzero(tier == t)
+        if len(at) > left:
+            v = val[at]
+            cut = np.partition(v, left - 1)[left - 1]
+            if np.isnan(cut):
+                return np.lexsort((val, tier))[:n]
+            below = at[v < cut]
+            at = np.concatenate([below, at[v == cut][:left - len(below)]])
+        picked.append(at)
+        left -= len(at)
+        if not left:
+            break
+    at = np.sort(np.concatenate(picked))  # in position order: the stable sort keeps ties so
+    return at[np.lexsort((val[at], tier[at]))]
+
+
 def stacked(states: List[ModelState]) -> torch.Tensor:
     """The states' next-token log-probabilities as one ``[batch, vocab]`` tensor: a view of the
     one they are consecutive rows of, when a single model call made them, else a copy."""
@@ -435,22 +459,26 @@ class ShortestPathSearch:
         # the children each node may have, keyed: prefix tokens by the prefix's probability (first,
         # under prob), completion tokens by the completion's (or the whole text's, under total_prob)
         pre_ok, comp_ok, base_pre, base_cond = (np.array(x) for x in zip(*fields))
-        keep = np.where(pre, pre_ok[rows_idx], (rule_all > -math.inf) & comp_ok[rows_idx])
-        kids = np.empty(int(keep.sum()), KID)
-        r = rows_idx[keep]
-        kids["token"], kids["state"], kids["prefix"] = cols[keep], targets[keep], pre[keep]
-        kids["raw"], kids["rule"] = raw_all[keep], rule_all[keep]
-        base_pre, base_cond = base_pre[r], base_cond[r]
-        p = kids["prefix"]
+        # the kept children's keys; their other fields are read only for the children stored (a
+        # node of a wide language has tens of thousands, of which a chunk is stored)
+        kept = np.flatnonzero(np.where(pre, pre_ok[rows_idx], (rule_all > -math.inf) & comp_ok[rows_idx]))
+        r, pre_k = rows_idx[kept], pre[kept]
+        on_prefix = np.flatnonzero(pre_k)
         if self.by_prob:
-            kids["tier"] = ~p
-            kids["val"] = np.where(p, -(base_pre + kids["raw"]), -(base_cond + kids["rule"]))
+            tier = (~pre_k).astype(np.int8)
+            val = base_cond[r]
+            val += rule_all[kept]
+            val[on_prefix] = base_pre[r[on_prefix]] + raw_all[kept[on_prefix]]
         else:
-            kids["tier"] = 0
-            kids["val"] = -(base_pre + base_cond + np.where(p, kids["raw"], kids["rule"]))
+            tier = np.zeros(len(r), np.int8)
+            step = rule_all[kept]
+            step[on_prefix] = raw_all[kept[on_prefix]]
+            val = base_pre[r] + base_cond[r]
+            val += step
+        np.negative(val, out=val)
         count = np.bincount(r, minlength=len(batch))
         first = np.cumsum(count) - count
-        one_sort = len(kids) <= ONE_SORT
+        one_sort = len(r) <= ONE_SORT
         chunks = np.array(chunks)
         if not self.found:
             fresh = chunks == 0
@@ -458,9 +486,18 @@ class ShortestPathSearch:
             for cause, cut in (("rules", (count == 0) & comp_ok & rules.truncates), ("max_tokens", long),
                                ("max_prefix_tokens", ~pre_ok)):
                 self.cut(cause, [states[i] for i in np.flatnonzero(fresh & cut).tolist()])
+
+        def kid_array(at: np.ndarray) -> np.ndarray:
+            """The kept children at positions ``at``, as a KID array."""
+            out, arc = np.empty(len(at), KID), kept[at]
+            for name, column in zip(KID.names[:5], (cols, targets, pre, raw_all, rule_all)):
+                out[name] = column[arc]
+            out["tier"], out["val"] = tier[at], val[at]
+            return out
+
         starts = first + chunks  # where each node's stored children begin
         if one_sort:  # one sort for the batch: by node, then key (stable: ties keep arc order)
-            kids = kids[np.lexsort((kids["val"], kids["tier"], r))]
+            kids = kid_array(np.lexsort((val, tier, r)))
             heads = iter(kids[starts[count > chunks]].tolist())  # each node's first stored child
         counts, starts, first = count.tolist(), starts.tolist(), first.tolist()
         for b, (node, chunk) in enumerate(batch):
@@ -473,9 +510,9 @@ class ShortestPathSearch:
                 continue
             if one_sort:
                 mine, head = kids[starts[b]:first[b] + min(n, chunk + CHUNK)], next(heads)
-            else:
-                mine = kids[first[b]:first[b] + n]
-                mine, head = mine[np.lexsort((mine["val"], mine["tier"]))[chunk:chunk + CHUNK]], None
+            else:  # many children: only the chunk's are sorted and stored
+                a, e = first[b], first[b] + n
+                mine, head = kid_array(a + first_sorted(tier[a:e], val[a:e], chunk + CHUNK)[chunk:]), None
             self.store_kids(node, mine)
             node.more = chunk + CHUNK if chunk + CHUNK < n else 0
             heapq.heappush(self.queue, self.child_entry(node, 0, head))
