@@ -167,7 +167,9 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
     """The result rows of one query that pass its WHERE, up to its LIMIT. A search that a bound
     stopped (``Stop``) is warned about on stderr, or appended to ``stopped`` when given; one that
     found no row because the decoding rules or the token bounds cut it short is noted on stderr
-    (``no_row_note``), or ``(plan, causes)`` appended to ``no_row`` when given. A query that
+    (``no_row_note``), or ``(plan, causes, False)`` appended to ``no_row`` when given; one that
+    exhausted its language within bounds that cut it short, or probability() measured within
+    them, likewise with True (``SearchStats.cut``). A query that
     measures its language (probability()) appends how to ``masses`` and tells ``on_total`` how
     many sequences or draws it will read (``progress`` counts them); its rows include rows that
     only count (``row.miss``: a prefix path, a draw that found no string or that WHERE left out),
@@ -213,11 +215,14 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
             stopped.append(stop)
         else:
             print(stop_warning(stop), file=sys.stderr)
-    if stats.no_row and not isinstance(plan.traversal, Measure):  # probability() has its row: 0
+    causes, partial = stats.no_row or stats.cut, bool(emitted) or mass is not None
+    if mass is not None:  # probability() has its row; the rules' cuts are what it measures under
+        causes = tuple(c for c in causes if c != "rules")
+    if causes:
         if no_row is not None:
-            no_row.append((plan, stats.no_row))
+            no_row.append((plan, causes, partial))
         else:
-            print(no_row_note(plan, stats.no_row), file=sys.stderr)
+            print(no_row_note(plan, causes, partial), file=sys.stderr)
 
 
 def stop_warning(stop: Stop) -> str:
@@ -250,16 +255,27 @@ def _tokens(n: int) -> str:
     return f"{n:,} token{'' if n == 1 else 's'}"
 
 
-def no_row_note(plan: QueryPlan, causes) -> str:
+def no_row_note(plan: QueryPlan, causes, partial: bool = False) -> str:
     """The note of a query with no row because the decoding rules or the token bounds cut every
-    way to a string short (``SearchStats.no_row``: the search always exhausts what they leave)."""
-    return f"note: no rows: {_causes(plan, causes)}"
+    way to a string short (``SearchStats.no_row``: the search always exhausts what they leave),
+    or, ``partial``, of one whose rows (or probability()) are all there is within the bounds,
+    which cut some way short (``SearchStats.cut``)."""
+    if not partial:
+        return f"note: no rows: {_causes(plan, causes)}"
+    what = "probability() measures" if isinstance(plan.traversal, Measure) else "the rows are"
+    return f"note: {what} only the strings within the bounds: {_causes(plan, causes)}"
 
 
-def no_row_rows_note(items: List[Tuple[QueryPlan, Tuple[str, ...]]], rows: int) -> str:
-    """The note of a dataset query some of whose ``rows`` data rows have no row for those reasons."""
-    causes = tuple(c for c in NO_ROW if any(c in cs for _, cs in items))
-    return f"note: {len(items):,} of {rows:,} data rows have no rows: {_causes(items[0][0], causes, short=True)}"
+def no_row_rows_note(items: List[Tuple[QueryPlan, Tuple[str, ...], bool]], rows: int) -> str:
+    """The note of a dataset query some of whose ``rows`` data rows have no row, or fewer than
+    their language holds, for those reasons (``no_row_note``)."""
+    parts = []
+    for partial, words in ((False, "have no rows"), (True, "were cut short")):
+        mine = [(plan, cs) for plan, cs, p in items if p == partial]
+        if mine:
+            causes = tuple(c for c in NO_ROW if any(c in cs for _, cs in mine))
+            parts.append(f"{len(mine):,} of {rows:,} data rows {words}: {_causes(mine[0][0], causes, short=True)}")
+    return "note: " + "; ".join(parts)
 
 
 def stopped_rows_warning(stopped: List[Stop], rows: int) -> str:

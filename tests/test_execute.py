@@ -521,6 +521,41 @@ def test_a_search_that_the_rules_leave_without_a_row_says_so(tiny):
     assert len(list(execute(ta, tiny, ShortestPath(), every, stats=stats))) == 2 and stats.no_row == ()
 
 
+def test_a_search_that_exhausts_its_language_within_the_bounds_says_which_cut_it_short(tiny):
+    """``cut``: a search that ends with rows, every string within the bounds, names the bounds
+    that left out strings of the language (the oracle: enumeration of its token paths, the long
+    ones longer than max_tokens); the rules' cuts are what was asked for, and a language within
+    the bounds, or one whose longer strings begin with a shorter one (first_match), has none."""
+    ta = compile("The (cat|dog)( sat on the mat)?", tiny.vocabulary)
+    lengths = sorted({len(p) for p, _ in enumerate_paths(ta)})
+    short = max(n for n in lengths if n < lengths[-1])
+    stats = SearchStats()
+    got = list(execute(ta, tiny, ShortestPath(max_tokens=short), stats=stats))
+    assert {r.text for r in got} == {"The cat", "The dog"} and stats.cut == ("max_tokens",) and stats.no_row == ()
+    stats = SearchStats()
+    assert len(list(execute(ta, tiny, ShortestPath(), stats=stats))) == 4 and stats.cut == ()
+    stats = SearchStats()  # measuring: what follows "The cat" does not count, so nothing is cut
+    assert len(list(execute(ta, tiny, ShortestPath(max_tokens=short, first_match=True), stats=stats))) == 2
+    assert stats.cut == ()
+    stats = SearchStats()  # top-2 cuts the first token short: with rows, that is what was asked for
+    list(execute(compile("[a-z]{2}", tiny.vocabulary), tiny, ShortestPath(), Decoding(topk=2), stats=stats))
+    assert stats.cut == () and stats.no_row in ((), ("rules",))
+
+
+@pytest.mark.parametrize("samples", [None, 30], ids=["exact", "estimate"])
+def test_a_measurement_within_bounds_that_cut_the_language_says_so(tiny, samples):
+    """probability() with ``eos`` of a language whose long strings max_tokens leaves out: the
+    search (exact) or the draws (estimate) name max_tokens; within a wide enough bound, nothing."""
+    from relmql.execute import Measure
+    ta = compile("The (cat|dog)( sat on the mat)?", tiny.vocabulary)
+    short = max(len(p) for p, _ in enumerate_paths(ta) if len(p) < max(len(q) for q, _ in enumerate_paths(ta)))
+    limit = {} if samples is None else {"exact_limit": 0, "samples": samples}
+    for bound, cut in ((short, ("max_tokens",)), (64, ())):
+        stats = SearchStats()
+        list(execute(ta, tiny, Measure(max_tokens=bound, **limit), Decoding(eos=True), stats=stats))
+        assert stats.cut == cut
+
+
 @pytest.mark.parametrize("vocab", [49152, 50257, 1000])
 def test_blockwise_top_values_equal_torch_topk(vocab):
     """decoding.top: the k largest values of each row exactly, and indices that hold them, on

@@ -439,6 +439,16 @@ def test_no_row_because_of_the_rules_or_the_token_bounds_is_noted(con, jsonl, ca
     assert rows(con, "SELECT text MATCHING 'The cat sat( down)?' PREFIX 'The cat sat' USING max_prefix_tokens 2") == []
     assert capsys.readouterr().err == ("note: no rows: the prefix reached max_prefix_tokens (2 tokens) where PREFIX "
                                        "goes on (raise it)\n")
+    # rows, and strings the bound left out; probability() within the bound (with eos, the long
+    # strings would count)
+    assert len(rows(con, "SELECT text MATCHING 'zq(a|b)|z' USING max_tokens 1")) == 1
+    assert capsys.readouterr().err == ("note: the rows are only the strings within the bounds: the completions "
+                                       "reached max_tokens (1 token) where MATCHING goes on (raise it)\n")
+    assert len(rows(con, "SELECT probability() MATCHING 'zq(a|b)|z' USING max_tokens 1, eos")) == 1
+    assert capsys.readouterr().err == ("note: probability() measures only the strings within the bounds: the "
+                                       "completions reached max_tokens (1 token) where MATCHING goes on (raise it)\n")
+    rows(con, "SELECT probability() MATCHING 'zq(a|b)|z' USING max_tokens 8, eos")
+    assert capsys.readouterr().err == ""
     # datasets: without the rules every data row has rows; top-1 keeps none of ' sat', ' ran', ' flew'
     query = (f"SELECT :row_number AS n, text MATCHING escape(:q) || ' (sat|ran|flew)' PREFIX escape(:q) "
              f"{{}} FOR EACH ROW IN '{jsonl}'")

@@ -238,9 +238,10 @@ class Statement:
                 if not dataset:
                     print(stop_warning(unit.stop), file=sys.stderr)
             if unit.no_row:
-                empty.append((unit.plan, unit.no_row))
+                partial = unit.received > 0 or unit.mass is not None
+                empty.append((unit.plan, unit.no_row, partial))
                 if not dataset:
-                    print(no_row_note(unit.plan, unit.no_row), file=sys.stderr)
+                    print(no_row_note(unit.plan, unit.no_row, partial), file=sys.stderr)
             if progress is not None and dataset:
                 progress(1)
         if stopped and dataset:

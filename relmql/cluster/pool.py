@@ -36,7 +36,7 @@ class Unit:
     mass: Optional[Mass] = None
     done: bool = False
     stop: Optional[Stop] = None
-    no_row: Tuple[str, ...] = ()  # why the search found no row (SearchStats.no_row)
+    no_row: Tuple[str, ...] = ()  # why the search found no row, or what cut it short (SearchStats.no_row, .cut)
     warnings: str = ""  # received, not yet shown
     error: Optional[BaseException] = None
     retries: int = 0

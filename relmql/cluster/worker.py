@@ -30,7 +30,7 @@ class Piece:
     plan's language was measured (sent once, with the first piece that has it); ``done`` ends the
     plan, with the ``Stop`` of a search that a bound ended and the ``Error`` it raised, if any;
     ``no_row``: why the search found no row (``SearchStats.no_row``), if it found none for a reason
-    worth a note."""
+    worth a note, or which bounds cut short a language it exhausted (``SearchStats.cut``)."""
 
     unit: int  # position of the plan in the call
     rows: List[Tuple[Row, int]] = field(default_factory=list)

@@ -41,8 +41,8 @@ from ..automata.tokens import TokenAutomaton
 from ..models.base import LanguageModel
 from ..records import Decoding, Measure
 from .rows import Row
-from .sampling import sample
-from .shortest import SearchStats, shortest_path
+from .sampling import SampleStats, sample
+from .shortest import NO_ROW, SearchStats, shortest_path
 
 
 @dataclass
@@ -78,7 +78,8 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
     """How the language will be measured, and its rows: one row that only counts per prefix
     path, then every token sequence with nonzero probability (exact); or one row per draw
     (estimate). Rows that only count (prefix paths, draws that found no string of the
-    language) have ``miss`` set."""
+    language) have ``miss`` set. ``stats``: the search's (exact); of draws, once they are all
+    read, the bounds that cut one short (``cut``)."""
     opts = opts.check()
     prefixes = automaton.count_paths(automaton.start, opts.max_prefix_tokens, prefix_only=True)
     n = token_sequences(automaton, opts)
@@ -88,8 +89,15 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
         return mass, _chain(prefix_rows(automaton, opts.max_prefix_tokens, reps),
                             shortest_path(automaton, model, rules, opts.exact(), cancel, stats))
     mass = Mass(False, opts.samples, prefixes, opts.mode == "exact", opts.confidence)
-    draws = sample(automaton, model, rules, opts.estimate(), cancel)
-    return mass, (reps.row(r.tokens[:r.prefix_tokens], rank=r.rank) if r.miss else r for r in draws)
+    drawn = SampleStats()
+    draws = sample(automaton, model, rules, opts.estimate(), cancel, drawn)
+
+    def rows() -> Iterator[Row]:
+        for r in draws:
+            yield reps.row(r.tokens[:r.prefix_tokens], rank=r.rank) if r.miss else r
+        if stats is not None:  # the bounds that ended a draw where the language went on
+            stats.cut = tuple(c for c in NO_ROW if c in drawn.cut)
+    return mass, rows()
 
 
 def _chain(*parts):

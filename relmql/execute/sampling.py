@@ -46,9 +46,11 @@ from .rows import Row, make_row
 
 @dataclass
 class SampleStats:
-    """Draws made: completions started, and those thrown away (dead ends, budget, rejection)."""
+    """Draws made: completions started, and those thrown away (dead ends, budget, rejection);
+    ``cut``: the bounds (``max_tokens``, ``context``) that ended a draw where the language went on."""
     draws: int = 0
     discarded: int = 0
+    cut: Tuple[str, ...] = ()
 
 
 @dataclass
@@ -289,6 +291,9 @@ class Sampler:
             self.finish(w, edits)
             return "end", None
         if len(w.tokens) >= opts.max_tokens or len(w.state.tokens) >= self.context:
+            cause = "max_tokens" if len(w.tokens) >= opts.max_tokens else "context"
+            if len(toks) and cause not in self.stats.cut:
+                self.stats.cut += (cause,)
             toks = toks[:0]  # no room for more tokens: only the end of text remains
         can_end = final and eos is not None
         if self.exact:

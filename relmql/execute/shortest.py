@@ -47,8 +47,8 @@ CHILD, RESULT, MORE = 0, 1, 2  # kinds of queue entries (see ShortestPathSearch)
 KID = np.dtype([("token", np.int64), ("state", np.int64), ("prefix", bool), ("raw", np.float64),
                 ("rule", np.float64), ("tier", np.int8), ("val", np.float64)])
 ONE_SORT = 1 << 16  # up to this many children in a batch are sorted at once, more node by node
-CUT = 64  # nodes cut short, per cause, that a search with no row looks at again (ShortestPathSearch._cut)
-# why a search may end with no row (SearchStats.no_row)
+CUT = 64  # nodes cut short, per cause, that a search looks at again once exhausted (ShortestPathSearch._cut)
+# why a search may end with no row, or with fewer than its language holds (SearchStats.no_row, .cut)
 NO_ROW = ("rules", "max_tokens", "max_prefix_tokens", "context")
 
 
@@ -83,13 +83,16 @@ class SearchStats:
     ended the search with the language not exhausted, and ``no_row``: why a search that ended with
     no row found none (``NO_ROW``: the decoding rules kept none of the tokens the language allowed
     next; a completion or a prefix reached ``max_tokens`` or ``max_prefix_tokens``, or the text
-    the model's context length, where the language went on)."""
+    the model's context length, where the language went on); ``cut``: the bounds among those
+    that cut a way on short in a search that exhausted its language with rows (its rows are
+    every string within the bounds, not every string of the language)."""
     expanded: int = 0
     prefix: int = 0
     rows: int = 0
     held: int = 0
     stop: Optional[Stop] = None
     no_row: Tuple[str, ...] = ()
+    cut: Tuple[str, ...] = ()
 
     @property
     def stopped(self) -> bool:
@@ -194,17 +197,22 @@ class ShortestPathSearch:
                     self.stats.stop = stop  # a budget, not an order: rows released so far are exact
                     return
                 self.expand()
-        if not self.found:
-            # the language is exhausted under the rules and bounds: say which cut a way on short (a
-            # state with an arc of the kind it could not take; BPE's rules may leave a canonical
-            # state that the byte automaton reads on from with none)
-            arcs = self.automaton.arcs
+        # the language is exhausted under the rules and bounds: say which cut a way on short (a
+        # state with an arc of the kind it could not take; BPE's rules may leave a canonical
+        # state that the byte automaton reads on from with none). With rows, the rules' cuts are
+        # what was asked for
+        arcs = self.automaton.arcs
 
-            def completes(s: int) -> bool:
-                return bool((~arcs(s).prefix).any())
-            goes_on = {"rules": completes, "max_tokens": completes, "max_prefix_tokens": lambda s: arcs(s).n_prefix > 0,
-                       "context": lambda s: len(arcs(s)) > 0}
-            self.stats.no_row = tuple(c for c in NO_ROW if any(goes_on[c](s) for s in self._cut[c]))
+        def completes(s: int) -> bool:
+            return bool((~arcs(s).prefix).any())
+        goes_on = {"rules": completes, "max_tokens": completes, "max_prefix_tokens": lambda s: arcs(s).n_prefix > 0,
+                   "context": lambda s: len(arcs(s)) > 0}
+        asked = ("rules",) if self.found else ()
+        causes = tuple(c for c in NO_ROW if c not in asked and any(goes_on[c](s) for s in self._cut[c]))
+        if self.found:
+            self.stats.cut = causes
+        else:
+            self.stats.no_row = causes
 
     def fill(self, cancel: Optional[threading.Event] = None) -> Generator[Row, None, bool]:
         """Take entries from the queue until the batch is full: release the results nothing in the
@@ -350,13 +358,12 @@ class ShortestPathSearch:
         """Whether a node can have a child or, with ``eos``, a result that needs its distribution."""
         automaton, opts, state = self.automaton, self.opts, node.state
         if 1 + node.npre + node.ncomp > self.context:  # its tokens (and the start token) fill the model's context
-            if not self.found:
-                self.cut("context", [state])
+            self.cut("context", [state])
             return False
         if self.rules.eos and self.final_edits(state) >= 0:
             return True
         if node.ncomp >= opts.max_tokens and node.npre >= opts.max_prefix_tokens:
-            if not self.found:
+            if not self.stops(state):  # (with first_match, what follows a string does not count)
                 self.cut("max_tokens", [state])
                 self.cut("max_prefix_tokens", [state])
             return False
@@ -480,11 +487,13 @@ class ShortestPathSearch:
         first = np.cumsum(count) - count
         one_sort = len(r) <= ONE_SORT
         chunks = np.array(chunks)
-        if not self.found:
-            fresh = chunks == 0
-            long = np.array([n.ncomp >= opts.max_tokens for n in nodes])
-            for cause, cut in (("rules", (count == 0) & comp_ok & rules.truncates), ("max_tokens", long),
-                               ("max_prefix_tokens", ~pre_ok)):
+        fresh = chunks == 0
+        long = ~comp_ok  # at max_tokens, or at a string that stops the search (first_match), which cuts nothing
+        if opts.first_match:
+            long &= np.array([not self.stops(s) for s in states], bool)
+        for cause, cut in (("rules", (count == 0) & comp_ok & rules.truncates), ("max_tokens", long),
+                           ("max_prefix_tokens", ~pre_ok)):
+            if len(self._cut[cause]) < CUT:
                 self.cut(cause, [states[i] for i in np.flatnonzero(fresh & cut).tolist()])
 
         def kid_array(at: np.ndarray) -> np.ndarray:
