@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import html
 import sys
 import threading
@@ -39,7 +40,9 @@ class Result:
     Once rows are read, ``stops`` lists the bounds (``max_nodes``, ``max_nodes_per_row``,
     ``max_memory``) that ended a search before its language or LIMIT was exhausted, one per
     search (per data row of a dataset query): the rows are exact and in order, but more may
-    exist. ``approximate`` says why the numbers are approximate (a reduced dtype), or is None.
+    exist. ``notes`` holds the notes and warnings the query wrote on stderr so far (``note: no
+    rows: ...``, ``warning: the search stopped ...``), as written. ``approximate`` says why the
+    numbers are approximate (a reduced dtype), or is None.
 
     A query that fails (an error, ``cancel()``, Ctrl-C) fails every later read too: the rows read
     before it stay in ``rows_so_far``, but no read returns them as if they were all.
@@ -69,6 +72,7 @@ class Result:
         self._test: Optional[Chi2Result] = None
         self._start, self._stop = start, stop
         self.stops: List[Stop] = []
+        self.notes: List[str] = []
         self.approximate: Optional[str] = None
         self._failed: Optional[BaseException] = None  # raised again by every later read
         self._reading = threading.RLock()  # one thread at a time advances the query
@@ -411,7 +415,7 @@ class Connection:
         remote = self.cluster().statement(p) if self.settings["engine"] == "ray" else None
 
         def rows(result: Result) -> Iterator[tuple]:
-            from .engine import load, run
+            from .engine import NOTES, load, run
             from .models.device import approximate
             self._check_open()
             if isinstance(p, QueryPlan) and remote is None:
@@ -424,10 +428,18 @@ class Connection:
                                                                         dtype=s["dtype"])
                 result.approximate = approximate(ref.dtype, ref.device)
             bar = _Progress(self.progress)
+            steps = run(p, self.model, result.cancelled, bar.update, bar.total,
+                        rows=remote.rows if remote is not None else None, stops=result.stops)
+            own = contextvars.copy_context()  # each step keeps its notes in this result's list
+            own.run(NOTES.set, result.notes)
             try:
-                yield from run(p, self.model, result.cancelled, bar.update, bar.total,
-                               rows=remote.rows if remote is not None else None, stops=result.stops)
+                while True:
+                    row = own.run(next, steps, None)
+                    if row is None:
+                        return
+                    yield row
             finally:
+                own.run(steps.close)
                 bar.close()
 
         return Result(p.columns, rows, explain=lambda: self._explain(p), kinds=[o.kind for o in p.outputs],

@@ -7,6 +7,7 @@ over all of them.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import re
@@ -28,6 +29,18 @@ from .stats import Estimate, hashable, probability, sort_key
 from .syntax import ast as A
 
 Models = Callable[[ModelRef], LanguageModel]
+
+# the list that the notes and warnings of the query running now are also kept in (``say``; the
+# API sets it around each step of a query, so that a Result keeps its own)
+NOTES: contextvars.ContextVar[Optional[List[str]]] = contextvars.ContextVar("relmql_notes", default=None)
+
+
+def say(line: str) -> None:
+    """Write a note or warning of the query running now on stderr, and keep it in ``NOTES``."""
+    print(line, file=sys.stderr)
+    kept = NOTES.get()
+    if kept is not None:
+        kept.append(line)
 
 
 class RowEnv(Env):
@@ -214,7 +227,7 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
         if stopped is not None:
             stopped.append(stop)
         else:
-            print(stop_warning(stop), file=sys.stderr)
+            say(stop_warning(stop))
     causes, partial = stats.no_row or stats.cut, bool(emitted) or mass is not None
     if mass is not None:  # probability() has its row; the rules' cuts are what it measures under
         causes = tuple(c for c in causes if c != "rules")
@@ -222,7 +235,7 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
         if no_row is not None:
             no_row.append((plan, causes, partial))
         else:
-            print(no_row_note(plan, causes, partial), file=sys.stderr)
+            say(no_row_note(plan, causes, partial))
 
 
 def stop_warning(stop: Stop) -> str:
@@ -304,7 +317,7 @@ def compile_plan(plan: QueryPlan, model: LanguageModel):
             raise plan.source_error(e) from None
         raise
     for w in automaton.warnings:
-        print(f"warning: {w}", file=sys.stderr)
+        say(f"warning: {w}")
     return automaton
 
 
@@ -486,7 +499,7 @@ def _warned(envs: Iterator[Env], stops: List[Stop]) -> Iterator[Env]:
     before = len(stops)
     yield from envs
     for stop in stops[before:]:
-        print(stop_warning(stop), file=sys.stderr)
+        say(stop_warning(stop))
 
 
 def in_data_row(e: Error, plan: DatasetPlan, number) -> Error:
@@ -499,8 +512,8 @@ def in_data_row(e: Error, plan: DatasetPlan, number) -> Error:
 def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total, masses, stopped) -> Iterator[Env]:
     selected = selected_rows(plan)
     if not selected:
-        print(f"note: no data rows to run in {plan.path}" + (" (after its WHERE)" if plan.row_where is not None
-                                                               else ""), file=sys.stderr)
+        say(f"note: no data rows to run in {plan.path}" + (" (after its WHERE)" if plan.row_where is not None
+                                                             else ""))
     if on_total is not None:
         on_total(len(selected))
     before_stops = len(stopped)
@@ -522,10 +535,10 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total,
         if progress is not None:
             progress(1)
     if len(stopped) > before_stops:
-        print(stopped_rows_warning(stopped[before_stops:], len(selected)), file=sys.stderr)
+        say(stopped_rows_warning(stopped[before_stops:], len(selected)))
     if empty:
-        print(no_row_rows_note(empty, len(selected)), file=sys.stderr)
+        say(no_row_rows_note(empty, len(selected)))
 
 
 __all__ = ["run", "query_rows", "in_data_row", "compile_plan", "load", "RowEnv", "match_regex", "stop_warning",
-           "stopped_rows_warning", "no_row_note", "no_row_rows_note"]
+           "stopped_rows_warning", "no_row_note", "no_row_rows_note", "say", "NOTES"]

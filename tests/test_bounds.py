@@ -109,6 +109,21 @@ def test_a_stopped_search_is_on_the_result(con):
     assert len(r.fetchall()) == 120 and r.stopped is None
 
 
+def test_a_results_notes_are_what_it_wrote_on_stderr_and_its_own(con, capsys):
+    """``Result.notes``: the notes and warnings a query wrote on stderr, line for line, each
+    result its own even when two are read in turns; a dataset query's, once for all its rows."""
+    s = fresh(con)
+    stopped = s.sql(FINITE + " USING max_nodes_per_row 40, batch_size 4")
+    empty = s.sql("SELECT text MATCHING 'zq(a|b)' USING max_tokens 1")
+    full = s.sql(FINITE)
+    assert next(iter(full)) and stopped.fetchall() == [] and empty.fetchall() == [] and len(full.fetchall()) == 120
+    err = capsys.readouterr().err.splitlines()
+    assert stopped.notes == [f"warning: {stopped.stopped.message()}"] and stopped.notes[0] in err
+    assert empty.notes == ["note: no rows: the completions reached max_tokens (1 token) where MATCHING goes on "
+                           "(raise it)"] and empty.notes[0] in err
+    assert full.notes == [] and len(err) == 2
+
+
 def test_the_models_context_bounds_the_text_as_max_tokens_does(tiny, monkeypatch):
     """A model reads at most its context (tiny-gpt2: 512 positions; past them its position
     embedding raised a raw IndexError): the search reads no node past it, its rows are those of

@@ -15,7 +15,6 @@ import functools
 import logging
 import os
 import queue
-import sys
 import threading
 from typing import Callable, Iterator, List, Optional
 
@@ -203,7 +202,7 @@ class Statement:
 
     def rows(self, cancel: Optional[threading.Event], progress: Optional[Callable[[int], None]],
              on_total: Optional[Callable[..., None]], masses: list, stops: list) -> Iterator:
-        from ..engine import (RowEnv, in_data_row, match_regex, no_row_note, no_row_rows_note, stop_warning,
+        from ..engine import (RowEnv, in_data_row, match_regex, no_row_note, no_row_rows_note, say, stop_warning,
                               stopped_rows_warning)
         job = self._make()
         dataset = isinstance(self.plan, DatasetPlan)
@@ -213,8 +212,8 @@ class Statement:
         measured = set()
         current = regex = None
         for unit, rows, warnings, finished in job.read(cancel):
-            if warnings:
-                sys.stderr.write(warnings)
+            for line in warnings.splitlines():  # what the worker wrote on its stderr
+                say(line)
             if unit is not current:
                 current, regex = unit, (match_regex(unit.plan) if unit.plan is not None else None)
             if unit.mass is not None and id(unit) not in measured:
@@ -236,18 +235,18 @@ class Statement:
                 stopped.append(unit.stop)
                 stops.append(unit.stop)
                 if not dataset:
-                    print(stop_warning(unit.stop), file=sys.stderr)
+                    say(stop_warning(unit.stop))
             if unit.no_row:
                 partial = unit.received > 0 or unit.mass is not None
                 empty.append((unit.plan, unit.no_row, partial))
                 if not dataset:
-                    print(no_row_note(unit.plan, unit.no_row, partial), file=sys.stderr)
+                    say(no_row_note(unit.plan, unit.no_row, partial))
             if progress is not None and dataset:
                 progress(1)
         if stopped and dataset:
-            print(stopped_rows_warning(stopped, len(self.selected)), file=sys.stderr)
+            say(stopped_rows_warning(stopped, len(self.selected)))
         if empty and dataset:
-            print(no_row_rows_note(empty, len(self.selected)), file=sys.stderr)
+            say(no_row_rows_note(empty, len(self.selected)))
 
 
 __all__ = ["Cluster", "Statement", "require_ray", "cpu_share", "INSTALL"]
