@@ -391,9 +391,14 @@ class Connection:
         if isinstance(st, A.Query):
             return self._query(st, text, params)
         if isinstance(st, A.Explain):
+            from .engine import NOTES
             p = plan(st.query, text, self.settings, params)
-            lines = self._explain(p).splitlines()
-            return Result(("plan",), lambda r: iter([(line,) for line in lines]), kind="text")
+            own, notes = contextvars.copy_context(), []  # the compiler's warnings, on the result
+            own.run(NOTES.set, notes)
+            lines = own.run(self._explain, p).splitlines()
+            result = Result(("plan",), lambda r: iter([(line,) for line in lines]), kind="text")
+            result.notes = notes
+            return result
         if isinstance(st, A.Set):
             spec = option(st.name, st.name_span, text)
             bare = _bare_word(st.value, text)

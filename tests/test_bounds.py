@@ -122,6 +122,10 @@ def test_a_results_notes_are_what_it_wrote_on_stderr_and_its_own(con, capsys):
     assert empty.notes == ["note: no rows: the completions reached max_tokens (1 token) where MATCHING goes on "
                            "(raise it)"] and empty.notes[0] in err
     assert full.notes == [] and len(err) == 2
+    # EXPLAIN compiles the query: the compiler's warning is on its result
+    plan = s.sql("EXPLAIN SELECT text MATCHING 'a|<\\|endoftext\\|>' LIMIT 3")
+    assert len(plan.notes) == 1 and plan.notes[0].startswith("warning: strings of this query that hold the text of")
+    assert plan.notes[0] in capsys.readouterr().err.splitlines()
 
 
 def test_the_models_context_bounds_the_text_as_max_tokens_does(tiny, monkeypatch):

@@ -542,6 +542,25 @@ def test_a_search_that_exhausts_its_language_within_the_bounds_says_which_cut_it
     assert stats.cut == () and stats.no_row in ((), ("rules",))
 
 
+def test_strings_that_end_where_nothing_follows_do_not_hide_a_cut_one(tiny, monkeypatch):
+    """Under ``eos`` a one-token word reaches max_tokens 1 as a finished string with nothing
+    after it. The search remembers CUT cut nodes (1 here); the word, the model's most probable
+    letters token, is read before the one string the bound really cut (oracle: its token paths,
+    all longer than one token) and must not take its place."""
+    import re as _re
+    from relmql.execute import shortest
+    monkeypatch.setattr(shortest, "CUT", 1)
+    lp = tiny.extend([None], [[]])[0].logprobs
+    letters = [t for t, b in enumerate(tiny.vocabulary.tokens) if b and _re.fullmatch(rb"[a-pr-z]+", b)]
+    word = tiny.vocabulary.tokens[max(letters, key=lambda t: float(lp[t]))].decode()
+    ta = compile(f"{word}|qqqqqqqq", tiny.vocabulary)
+    assert any(len(p) == 1 for p, _ in enumerate_paths(ta))
+    assert all(len(p) > 1 for p, _ in enumerate_paths(ta) if tiny.vocabulary.decode(list(p)) != word)
+    stats = SearchStats()
+    got = list(execute(ta, tiny, ShortestPath(max_tokens=1), Decoding(eos=True), stats=stats))
+    assert [r.text for r in got] == [word] and stats.cut == ("max_tokens",)
+
+
 @pytest.mark.parametrize("samples", [None, 30], ids=["exact", "estimate"])
 def test_a_measurement_within_bounds_that_cut_the_language_says_so(tiny, samples):
     """probability() with ``eos`` of a language whose long strings max_tokens leaves out: the

@@ -338,9 +338,16 @@ class ShortestPathSearch:
         self.store_kids(parent, None)  # every child is in the queue or expanded, or will be made again
 
     def cut(self, cause: str, states: List[int]) -> None:
-        """Remember ``states`` as those of nodes cut short by ``cause`` (the first CUT of them)."""
+        """Remember ``states`` as those of nodes cut short by ``cause``: the first CUT distinct ones
+        that a token may follow (a cheap test; whether the language goes on the way the cause
+        blocked is checked once the search is exhausted). A string that ends where nothing
+        follows, as many do under ``eos``, takes no place."""
         kept = self._cut[cause]
-        kept.extend(states[:CUT - len(kept)])
+        for s in states:
+            if len(kept) >= CUT:
+                return
+            if s not in kept and self.automaton.may_continue(s):
+                kept.append(s)
 
     def final_edits(self, state: int) -> int:
         """``automaton.final_edits(state)``, remembered (a search meets each state many times)."""
@@ -493,7 +500,7 @@ class ShortestPathSearch:
             long &= np.array([not self.stops(s) for s in states], bool)
         for cause, cut in (("rules", (count == 0) & comp_ok & rules.truncates), ("max_tokens", long),
                            ("max_prefix_tokens", ~pre_ok)):
-            if len(self._cut[cause]) < CUT:
+            if len(self._cut[cause]) < CUT and (cause != "rules" or not self.found):  # with rows, asked for
                 self.cut(cause, [states[i] for i in np.flatnonzero(fresh & cut).tolist()])
 
         def kid_array(at: np.ndarray) -> np.ndarray:
