@@ -573,7 +573,7 @@ class TokenAutomaton:
         got = self._dfa_cache.get(key)
         if got is None:
             toks, tq = self._dfa_arcs(q)
-            qvals, qcode = np.unique(tq, return_inverse=True)
+            qvals, qcode = _unique_small(tq)
             got = (toks, tq, qcode.reshape(-1).astype(np.int32), qvals)
             self._dfa_cache.put(key, got, sum(a.nbytes for a in got))
         return got
@@ -583,7 +583,7 @@ class TokenAutomaton:
         included), and those."""
         def compute():
             walk = self._tracker_walk(tau)
-            evals, codes = np.unique(walk, return_inverse=True)
+            evals, codes = _unique_small(walk)
             return walk, codes.reshape(-1).astype(np.int32), evals
         return self.tracker.walk(("coded", self.vocabulary.fingerprint, tau), compute)
 
@@ -820,6 +820,17 @@ class TokenAutomaton:
                                f"has no token containing byte(s) {shown}")
         self.warnings.append(msg)
         return kept
+
+
+def _unique_small(values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` for small integers from -1 (automaton and
+    tracker states over the vocabulary) by counting rather than sorting: a tenth of the time
+    for 49,152 tokens, where a wide canonical search asks for it thousands of times."""
+    shifted = values.astype(np.int64) + 1
+    if not len(values) or shifted.min() < 0 or shifted.max() > 4 * len(values):
+        return np.unique(values, return_inverse=True)
+    present = np.bincount(shifted) > 0
+    return (np.flatnonzero(present) - 1).astype(values.dtype), (np.cumsum(present) - 1)[shifted]
 
 
 def _lookup(sorted_values: np.ndarray, wanted: List[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
