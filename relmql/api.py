@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import contextvars
 import html
 import sys
 import threading
@@ -391,11 +390,10 @@ class Connection:
         if isinstance(st, A.Query):
             return self._query(st, text, params)
         if isinstance(st, A.Explain):
-            from .engine import NOTES
+            from .engine import keeping
             p = plan(st.query, text, self.settings, params)
-            own, notes = contextvars.copy_context(), []  # the compiler's warnings, on the result
-            own.run(NOTES.set, notes)
-            lines = own.run(self._explain, p).splitlines()
+            notes: List[str] = []  # the compiler's warnings, on the result
+            lines = keeping(notes).run(self._explain, p).splitlines()
             result = Result(("plan",), lambda r: iter([(line,) for line in lines]), kind="text")
             result.notes = notes
             return result
@@ -420,7 +418,7 @@ class Connection:
         remote = self.cluster().statement(p) if self.settings["engine"] == "ray" else None
 
         def rows(result: Result) -> Iterator[tuple]:
-            from .engine import NOTES, load, run
+            from .engine import keeping, load, run
             from .models.device import approximate
             self._check_open()
             if isinstance(p, QueryPlan) and remote is None:
@@ -435,8 +433,7 @@ class Connection:
             bar = _Progress(self.progress)
             steps = run(p, self.model, result.cancelled, bar.update, bar.total,
                         rows=remote.rows if remote is not None else None, stops=result.stops)
-            own = contextvars.copy_context()  # each step keeps its notes in this result's list
-            own.run(NOTES.set, result.notes)
+            own = keeping(result.notes)  # each step keeps its notes in this result's list
             try:
                 while True:
                     row = own.run(next, steps, None)

@@ -31,16 +31,24 @@ from .syntax import ast as A
 Models = Callable[[ModelRef], LanguageModel]
 
 # the list that the notes and warnings of the query running now are also kept in (``say``; the
-# API sets it around each step of a query, so that a Result keeps its own)
-NOTES: contextvars.ContextVar[Optional[List[str]]] = contextvars.ContextVar("relmql_notes", default=None)
+# API runs each step of a query in a context of ``keeping``, so that a Result keeps its own)
+_NOTES: contextvars.ContextVar[Optional[List[str]]] = contextvars.ContextVar("relmql_notes", default=None)
 
 
 def say(line: str) -> None:
-    """Write a note or warning of the query running now on stderr, and keep it in ``NOTES``."""
+    """Write a note or warning of the query running now on stderr, and keep it in the list of
+    the context it runs in (``keeping``)."""
     print(line, file=sys.stderr)
-    kept = NOTES.get()
+    kept = _NOTES.get()
     if kept is not None:
         kept.append(line)
+
+
+def keeping(notes: List[str]) -> contextvars.Context:
+    """A context in which ``say`` also keeps its lines in ``notes`` (``Context.run`` each step)."""
+    context = contextvars.copy_context()
+    context.run(_NOTES.set, notes)
+    return context
 
 
 class RowEnv(Env):
@@ -541,4 +549,4 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total,
 
 
 __all__ = ["run", "query_rows", "in_data_row", "compile_plan", "load", "RowEnv", "match_regex", "stop_warning",
-           "stopped_rows_warning", "no_row_note", "no_row_rows_note", "say", "NOTES"]
+           "stopped_rows_warning", "no_row_note", "no_row_rows_note", "say", "keeping"]
