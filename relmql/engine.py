@@ -155,22 +155,26 @@ def unedited_match(pattern: str, text: str, edits: int):
 
 class _GroupEnv(Env):
     """The rows of one group (``key``: its GROUP BY values): aggregates see all of them, other
-    expressions the first; probability() is worked out by ``measured`` (a ``_Measured``)."""
+    expressions the first; probability() is worked out by ``measured`` (a ``_Measured``). A group
+    that only rows which count reached (a prefix class with no string) has no rows; its keys are
+    read from one of those (``keys_from``)."""
 
-    def __init__(self, rows: List[Env], key: tuple = (), measured: Optional["_Measured"] = None):
+    def __init__(self, rows: List[Env], key: tuple = (), measured: Optional["_Measured"] = None,
+                 keys_from: Optional[Env] = None):
+        self.first = rows[0] if rows else keys_from
         self.rows, self.key, self.measured = rows, key, measured
 
     def probability(self):
         return self.measured.probability(self.key, self.rows) if self.measured is not None else Estimate(0.0)
 
     def column(self, node):
-        return self.rows[0].column(node)
+        return self.first.column(node)
 
     def param(self, node):
-        return self.rows[0].param(node)
+        return self.first.param(node)
 
     def group(self, key, node):
-        return self.rows[0].group(key, node)
+        return self.first.group(key, node)
 
 
 def match_regex(plan: QueryPlan):
@@ -381,9 +385,18 @@ def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
     measured = _Measured(plan, masses, hits, counted, beyond) if masses else None
     if not groups and not plan.group_by:
         groups[()] = []
+    empty: Dict[Any, Env] = {}  # groups measured to 0: a prefix class that only counted rows reached
+    if measured is not None and plan.group_by and len(measured.prefix_keys) == len(plan.group_by):
+        empty = {c: env for c, env in measured.classes.items() if c not in groups}
+        groups.update((c, []) for c in empty)
     for key in sorted(groups, key=_order):
         members = groups[key]
-        genv = _GroupEnv(members, key, measured) if members else _EmptyEnv(measured)
+        if members:
+            genv = _GroupEnv(members, key, measured)
+        elif key in empty:
+            genv = _GroupEnv([], key, measured, keys_from=empty[key])
+        else:
+            genv = _EmptyEnv(measured)
         yield tuple(_eval(o.expr, genv, plan.source) for o in outputs)
 
 
@@ -437,6 +450,7 @@ class _Measured:
                 values.append(value)
             keyed.append((env, tuple(values)))
         self.prefix_keys = [i for i, b in enumerate(beyond) if not b]
+        self.classes: Dict[tuple, Env] = {}  # each prefix class -> its first row
         where: Dict[tuple, tuple] = {}  # (measurement, prefix path) -> (class, env)
         self.units: Dict[tuple, int] = {}  # (measurement, class) -> prefix paths (exact) or draws (estimated)
         for env, key in keyed:
@@ -444,6 +458,7 @@ class _Measured:
             if row is None or mass is None:
                 continue
             c = self.prefix_class(key)
+            self.classes.setdefault(c, env)
             first = where.setdefault((id(mass), row.tokens[:row.prefix_tokens]), (c, env))
             if first[0] != c:
                 raise self._not_the_prefixs(plan, first, (c, env))

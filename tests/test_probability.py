@@ -224,12 +224,19 @@ def test_prefix_tokenization_all_is_a_mean_over_the_tokenizations(con, tiny):
 def test_a_prefix_whose_continuations_the_rules_rule_out_still_counts(con, tiny):
     """With top-6000 on the tiny model, only " sat" after "The man" survives (" ran" ranks 28762
     there; after "The woman" they rank 8457 and 30555): "The woman" has no row, yet it is half
-    of the prefix paths, exactly and in the estimate (its draws are misses)."""
+    of the prefix paths, exactly and in the estimate (its draws are misses); grouped by the
+    prefix's key, it is a group of its own measured to 0."""
     paths, prefixes = oracle_paths(tiny, GV, GV_PREFIX, CompileOptions(), topk=6000)
     assert [(t, p > 0) for _, t, p in paths if p > 0] == [("The man sat", True)]
     q = f"MATCHING '{GV}' PREFIX '{GV_PREFIX}' USING topk 6000"
     sat = sum(p for _, _, p in paths)
-    assert grouped(con, f"SELECT g, probability() {q} GROUP BY g") == {("man",): pytest.approx(sat, rel=1e-3)}
+    by_g = con.sql(f"SELECT g, probability(), count(*), avg(prob) {q} GROUP BY g").fetchall()
+    assert by_g == [("man", pytest.approx(sat, rel=1e-3), 1, pytest.approx(sat, rel=1e-3)), ("woman", 0.0, 0, None)]
+    assert by_g[1][1].exact
+    # a key of the completion has no value where there is no string: no group
+    assert grouped(con, f"SELECT g, v, probability() {q} GROUP BY g, v") == {("man", "sat"): pytest.approx(sat, rel=1e-3)}
+    est = grouped(con, f"SELECT g, probability() {q}, exact_limit 0, estimate_samples 200, seed 3 GROUP BY g")
+    assert set(est) == {("man",), ("woman",)} and est[("woman",)] == 0 and not est[("woman",)].exact
     whole = con.sql(f"SELECT probability() {q}").fetchone()[0]
     assert whole.exact and whole == pytest.approx(sat / 2, rel=1e-3)
     est, hits = con.sql(f"SELECT probability(), count(*) {q}, exact_limit 0, estimate_samples 200").fetchone()
@@ -312,6 +319,20 @@ def test_a_dataset_group_is_a_mean_over_its_data_rows(con, tmp_path):
     assert both == pytest.approx((one["man"] + one["woman"]) / 2, rel=1e-9)
     per = grouped(con, f"SELECT :w AS w, probability() {q} GROUP BY w FOR EACH ROW IN '{data}'")
     assert {k[0]: v for k, v in per.items()} == pytest.approx(one, rel=1e-9)
+
+
+def test_a_data_row_measured_to_nothing_is_a_group_of_0(con, tmp_path, capsys):
+    """max_tokens 1 leaves a word of several tokens no string: its data row's group shows 0 (with
+    count 0) beside the others, which equal their queries run one by one."""
+    data = tmp_path / "w.csv"
+    data.write_text("w\ncat\nxylophone\ndog\n")
+    q = "MATCHING :w || '|' || :w || ' qqqq' USING max_tokens 1"
+    one = {w: con.sql(f"SELECT probability() {q}", {"w": w}).fetchone()[0] for w in ("cat", "dog", "xylophone")}
+    assert one["xylophone"] == 0 and one["cat"] > 0 and one["dog"] > 0
+    rows = con.sql(f"SELECT :w, probability(), count(*) {q} GROUP BY :w FOR EACH ROW IN '{data}'").fetchall()
+    assert [(w, n) for w, _, n in rows] == [("cat", 1), ("dog", 1), ("xylophone", 0)]
+    assert {w: p for w, p, _ in rows} == pytest.approx(one, rel=1e-9)
+    assert "1 of 3 data rows were cut short" in capsys.readouterr().err
 
 
 def test_a_key_that_reads_the_prefix_but_is_not_fixed_by_it_is_refused(con):
