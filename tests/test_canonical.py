@@ -413,3 +413,39 @@ def test_edits_with_canonical_tokens(gpt2_vocab):
     texts = [gpt2_vocab.decode(t) for t, _ in got]
     assert len(texts) == len(set(texts)) == 663
     assert all(gpt2_vocab.encode(s) == list(t) for s, (t, _) in zip(texts, got))
+
+
+def test_tracker_walks_within_their_budget_answer_as_computed_afresh(smol_vocab):
+    """A wide class reads the tracker's walk over the vocabulary from many tracker states; the
+    walks are kept coded (``evals[codes]``) in an LRU bounded in bytes. Squeezed to two walks,
+    the same states have the same arcs as with room for all, and each kept walk is the walk."""
+    lang = compile("[^a-z]{4}", smol_vocab).language
+    tracker = TokenAutomaton(lang, smol_vocab).tracker
+    budget = tracker.walk_budget
+
+    def arcs_along(automaton, steps=40, seed=3):
+        rng, state, out = np.random.default_rng(seed), automaton.start, []
+        for _ in range(steps):
+            arcs = automaton.arcs(state)
+            out.append((state, arcs.tokens.tolist(), arcs.targets.tolist()))
+            if not len(arcs):
+                state = automaton.start
+                continue
+            state = int(arcs.targets[rng.integers(len(arcs))])
+        return out
+
+    try:
+        tracker.walks.clear()
+        tracker.walk_bytes, tracker.walk_budget = 0, 2 * (2 * len(smol_vocab.tokens) + 4096)
+        squeezed = arcs_along(TokenAutomaton(lang, smol_vocab))
+        assert 1 <= len(tracker.walks) <= 2 and tracker.walk_bytes <= tracker.walk_budget
+        tracker.walks.clear()
+        tracker.walk_bytes, tracker.walk_budget = 0, budget
+        roomy = TokenAutomaton(lang, smol_vocab)
+        assert arcs_along(roomy) == squeezed
+        assert len(tracker.walks) > 2
+        for (_, tau), (codes, evals) in list(tracker.walks.items())[:5]:
+            assert codes.dtype == np.int16 and np.array_equal(evals[codes], roomy._tracker_walk(tau))
+    finally:
+        tracker.walks.clear()
+        tracker.walk_bytes, tracker.walk_budget = 0, budget

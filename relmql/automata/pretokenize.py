@@ -942,9 +942,10 @@ class Tracker:
         self.nevents = len(rules.classes) + 2  # classes, TB_OK, TB_BAD
         self.TB_OK, self.TB_BAD = len(rules.classes), len(rules.classes) + 1
         self.table = np.full((64, self.nevents), _UNKNOWN, np.int64)
-        # (vocabulary, state) -> tracker state after each token: a bounded LRU
-        self.walks: "OrderedDict[Tuple[str, int], np.ndarray]" = OrderedDict()
-        self.max_walks = 256
+        # (vocabulary, state) -> the tracker states after each token (coded, see
+        # TokenAutomaton._tracker_coded): an LRU of at most ``walk_budget`` bytes
+        self.walks: "OrderedDict[Tuple[str, int], Tuple[np.ndarray, ...]]" = OrderedDict()
+        self.walk_budget, self.walk_bytes = 128 << 20, 0
         self.end_ok = np.zeros(64, np.int8)  # 0 unknown, 1 yes, 2 no
         self.start = self._intern(self.chunker.fresh()) * self.nwords * self.nreader + self.reader_start
 
@@ -1063,14 +1064,16 @@ class Tracker:
             self.end_ok[core] = 1 if self.chunker.end(self.cores[core]) else 2
         return self.end_ok[core] == 1
 
-    def walk(self, key: Tuple[str, int], compute) -> np.ndarray:
-        """The cached result of ``compute()`` for ``key`` (least recently used dropped first)."""
+    def walk(self, key: Tuple[str, int], compute) -> Tuple[np.ndarray, ...]:
+        """The cached result of ``compute()`` (a tuple of arrays) for ``key``; the least recently
+        used are dropped first past ``walk_budget`` bytes."""
         got = self.walks.get(key)
         if got is None:
             got = compute()
             self.walks[key] = got
-            if len(self.walks) > self.max_walks:
-                self.walks.popitem(last=False)
+            self.walk_bytes += sum(a.nbytes for a in got)
+            while self.walk_bytes > self.walk_budget and len(self.walks) > 1:
+                self.walk_bytes -= sum(a.nbytes for a in self.walks.popitem(last=False)[1])
         else:
             self.walks.move_to_end(key)
         return got

@@ -290,7 +290,8 @@ class TokenAutomaton:
         for tau, a, e in zip(taus.tolist(), at.tolist(), at[1:].tolist() + [len(order)]):
             if tau >= 0:
                 sel = order[a:e]
-                end[sel] = self._tracker_coded(tau)[0][toks[sel]]
+                codes, evals = self._tracker_coded(tau)
+                end[sel] = evals[codes[toks[sel]]]
         keep = pairs.self_canonical[toks] & (end >= 0)
         r, toks, tq, end = r[keep], toks[keep], tq[keep], end[keep]
         lam2 = pairs.right_class[toks]
@@ -402,19 +403,16 @@ class TokenAutomaton:
 
     def _tracker_walk(self, tau: int) -> np.ndarray:
         """The tracker state after each token's bytes from ``tau`` (-1 where rejected)."""
-        def compute():
-            _, toks, tgts = self.trie.walk(self.tracker.step, -1, [tau])
-            out = np.full(len(self.vocabulary.tokens), -1, np.int32)
-            out[toks] = tgts
-            out.flags.writeable = False
-            return out
-        return self.tracker.walk((self.vocabulary.fingerprint, tau), compute).astype(np.int64)
+        _, toks, tgts = self.trie.walk(self.tracker.step, -1, [tau])
+        out = np.full(len(self.vocabulary.tokens), -1, np.int64)
+        out[toks] = tgts
+        return out
 
     def _tracker_ends(self, tau: int, toks: np.ndarray) -> np.ndarray:
         """The tracker state after each of a few tokens from ``tau`` (-1 where rejected)."""
         cached = self.tracker.walks.get((self.vocabulary.fingerprint, tau))
         if cached is not None or not len(toks):
-            return cached[toks] if cached is not None else np.empty(0, np.int64)
+            return cached[1][cached[0][toks]] if cached is not None else np.empty(0, np.int64)
         data = [self.vocabulary.tokens[t] for t in toks.tolist()]
         width = max(map(len, data))
         mat = np.zeros((len(data), width), np.uint8)
@@ -528,13 +526,15 @@ class TokenAutomaton:
         else:
             ok = ~pairs.forbidden_after(lam)[toks]
         t_ok, t_bad = self._boundaries(tau)
-        walk, codes, evals = self._tracker_coded(int(t_ok))
-        end, ecode = walk[toks], codes[toks]
+        codes, evals = self._tracker_coded(int(t_ok))
+        ecode = codes[toks].astype(np.int64)
+        end = evals[ecode]
         if not ok.all():
             if t_bad >= 0:
-                walk_b, codes_b, evals_b = self._tracker_coded(int(t_bad))
-                end = np.where(ok, end, walk_b[toks])
-                ecode = np.where(ok, ecode, codes_b[toks] + len(evals))
+                codes_b, evals_b = self._tracker_coded(int(t_bad))
+                code_b = codes_b[toks].astype(np.int64)
+                end = np.where(ok, end, evals_b[code_b])
+                ecode = np.where(ok, ecode, code_b + len(evals))
                 evals = np.concatenate([evals, evals_b])
             else:
                 end = np.where(ok, end, -1)
@@ -578,14 +578,17 @@ class TokenAutomaton:
             self._dfa_cache.put(key, got, sum(a.nbytes for a in got))
         return got
 
-    def _tracker_coded(self, tau: int):
-        """``_tracker_walk(tau)`` with each token's code among the distinct tracker states (-1
-        included), and those."""
+    def _tracker_coded(self, tau: int) -> Tuple[np.ndarray, np.ndarray]:
+        """``_tracker_walk(tau)`` as ``(codes, evals)``: the distinct tracker states (-1 included)
+        and each token's index among them, ``evals[codes]`` being the walk. Kept by the tracker
+        (a wide canonical search reads thousands): int16 codes where the states are few, an
+        eighth of the walk's bytes."""
         def compute():
-            walk = self._tracker_walk(tau)
-            evals, codes = _unique_small(walk)
-            return walk, codes.reshape(-1).astype(np.int32), evals
-        return self.tracker.walk(("coded", self.vocabulary.fingerprint, tau), compute)
+            evals, codes = _unique_small(self._tracker_walk(tau))
+            codes = codes.reshape(-1).astype(np.int16 if len(evals) <= np.iinfo(np.int16).max else np.int32)
+            codes.flags.writeable = evals.flags.writeable = False
+            return codes, evals
+        return self.tracker.walk((self.vocabulary.fingerprint, tau), compute)
 
     def _alive(self, state: int, region: int, depth: int) -> bool:
         """Whether the region's text may end at ``state`` or, looking ``depth`` tokens ahead,
