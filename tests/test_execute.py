@@ -474,6 +474,24 @@ def test_sample_rows_are_members(smol):
         assert r.text == r.prefix + r.completion
 
 
+def test_local_sampling_at_a_tiny_temperature_takes_the_likeliest_allowed_token(smol):
+    """At temperature 1e-3 every allowed token's rule probability underflows a float64 (the
+    model's top token is not among them), yet a draw still picks among them in proportion:
+    each step the allowed token the model scores highest. The weights underflow to 0."""
+    prefix = "The"
+    ta = compile(prefix + " (cat|dog|man) (sat|ran)", smol.vocabulary, prefix)
+    paths = enumerate_paths(ta)
+    rows = list(execute(ta, smol, Sample(4, seed=1), Decoding(temperature=1e-3)))
+    assert len(rows) == 4 and len({r.tokens for r in rows}) == 1
+    toks, n = rows[0].tokens, rows[0].prefix_tokens
+    assert (toks, n) in paths and all(r.weight == 0 for r in rows)
+    lp = step_logprobs(smol, toks)
+    assert int(np.argmax(lp[n])) not in {t[n] for t, _ in paths}  # the model's own choice is ruled out
+    for i in range(n, len(toks)):  # greedy among the tokens the language allows at each step
+        allowed = {t[i] for t, m in paths if m == n and t[:i] == toks[:i]}
+        assert toks[i] == max(allowed, key=lambda t: lp[i][t])
+
+
 def test_exact_sampling_gives_up_on_improbable_languages(tiny):
     ta = compile("zq[0-9]{6}", tiny.vocabulary)
     with pytest.raises(ExecutionError, match="too improbable"):

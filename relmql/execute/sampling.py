@@ -312,10 +312,15 @@ class Sampler:
             lps = options[:len(toks)]
             p = np.exp(options)
             z = p.sum()
-            if not z > 0:
-                return "reject", True  # a dead end: every allowed token was ruled out
+            scale = 1.0
+            if not z > 0:  # every allowed token ruled out, or each too improbable for a float (a tiny
+                top = options.max() if len(options) else -math.inf  # temperature): drawn in proportion all the same
+                if top == -math.inf:
+                    return "reject", True  # a dead end
+                p = np.exp(options - top)
+                z, scale = p.sum(), math.exp(top)
             k = min(int(np.searchsorted(np.cumsum(p), rng.random() * z, side="right")), len(p) - 1)
-            w.weight *= z
+            w.weight *= z * scale
             if can_end and k == len(lps):
                 self.finish(w, edits, float(options[-1]))
                 return "end", None
