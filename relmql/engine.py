@@ -242,7 +242,7 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
             say(stop_warning(stop))
     causes, partial = stats.no_row or stats.cut, bool(emitted) or mass is not None
     if mass is not None:  # probability() has its row; the rules' cuts are what it measures under
-        causes = tuple(c for c in causes if c != "rules")
+        causes = tuple(c for c in causes if c not in ("rules", "eos"))
     if causes:
         if no_row is not None:
             no_row.append((plan, causes, partial))
@@ -264,6 +264,11 @@ def _causes(plan: QueryPlan, causes, short: bool = False) -> str:
         words.append(f"{rules} kept none of the tokens MATCHING allows next where the search needed "
                      f"one (raise or drop {it}, or put the text's beginning in PREFIX"
                      + (")" if short else ": the rules apply to the completion only)"))
+    if "eos" in causes:
+        rules = plan.decoding.truncation()
+        it = "them" if " and " in rules else "it"
+        words.append(f"{rules} ruled out the end-of-text token where strings of MATCHING ended, and eos needs it "
+                     f"there (raise or drop {it}, or drop eos)")
     if "max_tokens" in causes:
         words.append(f"the completions reached max_tokens ({_tokens(plan.traversal.max_tokens)}) where MATCHING "
                      f"goes on (raise it)")

@@ -539,6 +539,34 @@ def test_a_search_that_the_rules_leave_without_a_row_says_so(tiny):
     assert len(list(execute(ta, tiny, ShortestPath(), every, stats=stats))) == 2 and stats.no_row == ()
 
 
+def test_a_search_whose_rules_rule_out_the_end_of_text_says_so(smol, capsys):
+    """Under eos, top-k may keep every token of the strings but not the end-of-text token after
+    any of them (the oracle: its rank after each string, read from the model itself): no row,
+    and the note names eos; with the end-of-text token kept, rows."""
+    pattern, prefix = "The (cat|dog) (sat|ran)", "The"
+    ta = compile(pattern, smol.vocabulary, prefix)
+    paths = enumerate_paths(ta)
+    ranks = []
+    for toks, n in paths:
+        lp = step_logprobs(smol, toks)
+        ranks.append(int((lp[len(toks)] > lp[len(toks)][smol.eos_id]).sum()))  # tokens ahead of eos
+        assert all((lp[i] > lp[i][toks[i]]).sum() < 2000 for i in range(n, len(toks)))  # top-k keeps the words
+    k = 2000
+    assert min(ranks) >= k
+    stats = SearchStats()
+    assert list(execute(ta, smol, ShortestPath(), Decoding(topk=k, eos=True), stats=stats)) == []
+    assert stats.no_row == ("eos",)
+    stats = SearchStats()
+    assert len(list(execute(ta, smol, ShortestPath(), Decoding(topk=max(ranks) + 1, eos=True), stats=stats))) == 4
+    assert stats.no_row == () and stats.cut == ()
+    import relmql
+    con = relmql.connect(dtype="float32")
+    con.models.put("smollm2-135m", "cpu", "float32", smol)
+    res = con.sql(f"SELECT text MATCHING '{pattern}' PREFIX '{prefix}' USING topk {k}, eos")
+    assert res.fetchall() == []
+    assert "note: no rows: topk 2000 ruled out the end-of-text token" in capsys.readouterr().err
+
+
 def test_a_search_that_exhausts_its_language_within_the_bounds_says_which_cut_it_short(tiny):
     """``cut``: a search that ends with rows, every string within the bounds, names the bounds
     that left out strings of the language (the oracle: enumeration of its token paths, the long

@@ -49,7 +49,7 @@ KID = np.dtype([("token", np.int64), ("state", np.int64), ("prefix", bool), ("ra
 ONE_SORT = 1 << 16  # up to this many children in a batch are sorted at once, more node by node
 CUT = 64  # nodes cut short, per cause, that a search looks at again once exhausted (ShortestPathSearch._cut)
 # why a search may end with no row, or with fewer than its language holds (SearchStats.no_row, .cut)
-NO_ROW = ("rules", "max_tokens", "max_prefix_tokens", "context")
+NO_ROW = ("rules", "eos", "max_tokens", "max_prefix_tokens", "context")
 
 
 class _Node:
@@ -82,7 +82,7 @@ class SearchStats:
     queue and stored children (estimated before each model call), the ``Stop`` when a bound
     ended the search with the language not exhausted, and ``no_row``: why a search that ended with
     no row found none (``NO_ROW``: the decoding rules kept none of the tokens the language allowed
-    next; a completion or a prefix reached ``max_tokens`` or ``max_prefix_tokens``, or the text
+    next, or, under ``eos``, ruled out the end-of-text token where a string ended; a completion or a prefix reached ``max_tokens`` or ``max_prefix_tokens``, or the text
     the model's context length, where the language went on); ``cut``: the bounds among those
     that cut a way on short in a search that exhausted its language with rows (its rows are
     every string within the bounds, not every string of the language)."""
@@ -205,9 +205,9 @@ class ShortestPathSearch:
 
         def completes(s: int) -> bool:
             return bool((~arcs(s).prefix).any())
-        goes_on = {"rules": completes, "max_tokens": completes, "max_prefix_tokens": lambda s: arcs(s).n_prefix > 0,
+        goes_on = {"rules": completes, "eos": lambda s: True, "max_tokens": completes, "max_prefix_tokens": lambda s: arcs(s).n_prefix > 0,
                    "context": lambda s: len(arcs(s)) > 0}
-        asked = ("rules",) if self.found else ()
+        asked = ("rules", "eos") if self.found else ()
         causes = tuple(c for c in NO_ROW if c not in asked and any(goes_on[c](s) for s in self._cut[c]))
         if self.found:
             self.stats.cut = causes
@@ -521,6 +521,8 @@ class ShortestPathSearch:
                 edits = self.final_edits(node.state)
                 if edits >= 0 and eos_rule[b] > -math.inf:
                     self.push(self.result_key(node.pre_raw, node.cond + eos_rule[b]), RESULT, node, edits)
+                elif edits >= 0 and not self.found and len(self._cut["eos"]) < CUT:  # a string the rules end nowhere
+                    self._cut["eos"].append(node.state)
             n = counts[b]
             if n <= chunk:
                 continue
