@@ -82,8 +82,9 @@ class SearchStats:
     queue and stored children (estimated before each model call), the ``Stop`` when a bound
     ended the search with the language not exhausted, and ``no_row``: why a search that ended with
     no row found none (``NO_ROW``: the decoding rules kept none of the tokens the language allowed
-    next, or, under ``eos``, ruled out the end-of-text token where a string ended; a completion or a prefix reached ``max_tokens`` or ``max_prefix_tokens``, or the text
-    the model's context length, where the language went on); ``cut``: the bounds among those
+    next, or, under ``eos``, ruled out the end-of-text token where a string ended; a completion
+    or a prefix reached ``max_tokens`` or ``max_prefix_tokens``, or the text the model's
+    context length, where the language went on); ``cut``: the bounds among those
     that cut a way on short in a search that exhausted its language with rows (its rows are
     every string within the bounds, not every string of the language)."""
     expanded: int = 0
@@ -205,8 +206,8 @@ class ShortestPathSearch:
 
         def completes(s: int) -> bool:
             return bool((~arcs(s).prefix).any())
-        goes_on = {"rules": completes, "eos": lambda s: True, "max_tokens": completes, "max_prefix_tokens": lambda s: arcs(s).n_prefix > 0,
-                   "context": lambda s: len(arcs(s)) > 0}
+        goes_on = {"rules": completes, "eos": lambda s: True, "max_tokens": completes,
+                   "max_prefix_tokens": lambda s: arcs(s).n_prefix > 0, "context": lambda s: len(arcs(s)) > 0}
         asked = ("rules", "eos") if self.found else ()
         causes = tuple(c for c in NO_ROW if c not in asked and any(goes_on[c](s) for s in self._cut[c]))
         if self.found:
