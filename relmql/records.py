@@ -257,10 +257,13 @@ class Sample:
     ``first_match`` (and no ``eos``), a completion ends at the first string of the language it
     spells, as ``ShortestPath.first_match`` does. ``max_memory``: the query's memory budget; the
     states cached for prefixes and completions that several samples share stay within its share.
+    ``stream`` tells apart runs of one seed that must draw independently (the data rows of a
+    dataset query); the empty default keeps the draws of a seed as they have always been.
     """
 
     n: int
     seed: int = 0
+    stream: str = ""
     mode: str = "local"
     max_tokens: int = MAX_TOKENS
     batch_size: int = SAMPLE_BATCH_SIZE
@@ -299,6 +302,7 @@ class Measure:
     exact_limit: int = EXACT_LIMIT
     samples: int = ESTIMATE_SAMPLES
     seed: int = 0
+    stream: str = ""  # as Sample's
     mode: str = "local"
     max_tokens: int = MAX_TOKENS
     batch_size: Optional[int] = None  # default: SEARCH_BATCH_SIZE growing (exact) or SAMPLE_BATCH_SIZE (estimate)
@@ -316,7 +320,7 @@ class Measure:
 
     def estimate(self) -> Sample:
         """The traversal that estimates."""
-        return Sample(n=self.samples, seed=self.seed, mode=self.mode, max_tokens=self.max_tokens,
+        return Sample(n=self.samples, seed=self.seed, stream=self.stream, mode=self.mode, max_tokens=self.max_tokens,
                       batch_size=self.batch_size or SAMPLE_BATCH_SIZE, max_prefix_tokens=self.max_prefix_tokens,
                       misses=True, first_match=True, max_memory=self.max_memory)
 

@@ -322,6 +322,26 @@ def test_a_dataset_group_is_a_mean_over_its_data_rows(con, tmp_path):
     assert {k[0]: v for k, v in per.items()} == pytest.approx(one, rel=1e-9)
 
 
+def test_data_rows_draw_independently(con, tmp_path):
+    """Three identical data rows make three independent estimates (each row its own random
+    stream, reproducibly), so the pooled interval stands for three times the draws; a query
+    outside a dataset keeps the draws of its seed."""
+    data = tmp_path / "same.jsonl"
+    data.write_text('{"w": "x"}\n' * 3)
+    q = f"MATCHING '{GV}' PREFIX '{GV_PREFIX}' USING exact_limit 0, estimate_samples 60, seed 4"
+    sample = f"SELECT text MATCHING '{GV}' PREFIX '{GV_PREFIX}' USING seed 4 SAMPLE 20"
+    texts = [r[0] for r in con.sql(f"{sample} FOR EACH ROW IN '{data}'").fetchall()]
+    assert len(texts) == 60 and len({tuple(texts[i:i + 20]) for i in (0, 20, 40)}) == 3
+    assert texts == [r[0] for r in con.sql(f"{sample} FOR EACH ROW IN '{data}'").fetchall()]
+    from relmql.execute.sampling import sample_rng  # outside a dataset: the seed's own streams
+    assert sample_rng(4, 7).random() == __import__("random").Random("relmql sample 4 7").random()
+    pooled = con.sql(f"SELECT probability() {q} FOR EACH ROW IN '{data}'").fetchone()[0]
+    rows = [con.sql(f"SELECT probability() {q} FOR EACH ROW IN '{data}' WHERE :row_number = {n}").fetchone()[0]
+            for n in (1, 2, 3)]
+    assert pooled.draws == 180 and len({float(r) for r in rows}) == 3
+    assert pooled == pytest.approx(sum(rows) / 3, rel=1e-9)
+
+
 def test_a_data_row_measured_to_nothing_is_a_group_of_0(con, tmp_path, capsys):
     """max_tokens 1 leaves a word of several tokens no string: its data row's group shows 0 (with
     count 0) beside the others, which equal their queries run one by one."""

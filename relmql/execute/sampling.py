@@ -72,9 +72,10 @@ class _Walker:
 DEAD_ENDS = 64  # dead ends in a row after which local sampling gives up on a prefix
 
 
-def sample_rng(seed: int, index: int) -> random.Random:
-    """The random stream of sample ``index`` (independent of batching and of other samples)."""
-    return random.Random(f"relmql sample {seed} {index}")
+def sample_rng(seed: int, index: int, stream: str = "") -> random.Random:
+    """The random stream of sample ``index`` (independent of batching and of other samples, and
+    of other ``stream``s of the seed)."""
+    return random.Random(f"relmql sample {seed} {index}" + (f" {stream}" if stream else ""))
 
 
 def draw_prefix(automaton: TokenAutomaton, rng: random.Random, max_tokens: int) -> Tuple[Tuple[int, ...], int]:
@@ -159,7 +160,7 @@ class Sampler:
         prefix's state."""
         opts = self.opts
         while self.started < opts.n and len(self.active) + len(self.waiting) < opts.batch_size:
-            rng = sample_rng(opts.seed, self.started)
+            rng = sample_rng(opts.seed, self.started, opts.stream)
             path, node = draw_prefix(self.automaton, rng, opts.max_prefix_tokens)
             self.waiting.append(_Walker(self.started, rng, path, 0.0, None, node))
             self.started += 1

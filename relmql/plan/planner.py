@@ -608,7 +608,11 @@ def plan_row(dplan: DatasetPlan, row: Mapping[str, Any]) -> QueryPlan:
     """The query of one data row (a pure function of the dataset plan and the row)."""
     params = {**dict(dplan.params), **row}
     query = A.Query(**{f: getattr(dplan.query, f) for f in dplan.query.__dataclass_fields__ if f != "dataset"})
-    return _plan_query(query, dplan.source, dict(dplan.settings), params)
+    qplan = _plan_query(query, dplan.source, dict(dplan.settings), params)
+    if isinstance(qplan.traversal, (Sample, Measure)) and row.get("row_number") is not None:
+        # each data row draws on its own (rows pooled by probability() count as independent draws)
+        qplan = replace(qplan, traversal=replace(qplan.traversal, stream=f"row {row['row_number']}"))
+    return qplan
 
 
 def selected_rows(dplan: DatasetPlan) -> List[Dict[str, Any]]:
