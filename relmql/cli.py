@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the others are faster and approximate, auto: the fastest the hardware runs natively)")
     p.add_argument("--seed", type=int, help="random seed of SAMPLE (default: 0)")
     p.add_argument("--format", choices=FORMATS,
-                   help="output format (default: table on a terminal, otherwise from --output's extension, "
-                        "otherwise jsonl)")
+                   help="output format (default: table on a terminal; with --output, from its extension, a table "
+                        "for .txt or none; otherwise jsonl)")
     p.add_argument("-o", "--output", metavar="PATH", help="write results to PATH instead of standard output")
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                    help="bind :NAME to the string VALUE (repeatable)")

@@ -86,7 +86,9 @@ def estimate_mean(hits: Sequence[float], draws: int, scale: float = 1.0, bounded
                         method="wilson")
     mean = float(hits.sum()) / draws
     if draws > 1:
-        var = (float(np.square(hits).sum()) - draws * mean * mean) / (draws - 1)
+        # deviations from the mean, the draws that are not hits (zeros) included, not a difference of
+        # squares: draws all of one weight have no variance, not a rounding error's
+        var = (float(np.square(hits - mean).sum()) + (draws - len(hits)) * mean * mean) / (draws - 1)
         half = _z(confidence) * math.sqrt(max(var, 0.0) / draws)
     else:
         half = math.inf

@@ -536,6 +536,18 @@ def test_estimate_mean_is_the_mean_with_a_normal_interval():
     assert isinstance(e, float) and isinstance(e, Estimate) and not e.exact
 
 
+def test_draws_of_one_weight_have_no_variance_not_a_rounding_error():
+    """The sample variance from deviations: 1,000 draws of one tiny weight (a low temperature's)
+    give an interval as narrow as numpy's variance says (rounding alone; a difference of squares
+    made it 1e-8 of the value wide), and with misses the same as numpy's."""
+    w = 3.0799963368025037e-31
+    e = estimate_mean([w] * 1000, 1000)
+    assert e.high - e.low <= 1e-12 * e and e == pytest.approx(w, rel=1e-12)
+    e = estimate_mean([w] * 990, 1000)
+    half = sstats.norm.ppf(0.975) * np.concatenate([np.full(990, w), np.zeros(10)]).std(ddof=1) / math.sqrt(1000)
+    assert (e.low, e.high) == pytest.approx((float(e) - half, float(e) + half), rel=1e-12)
+
+
 def test_chi2_matches_scipy_on_counts_and_on_probabilities():
     rows = [{"g": g, "f": f, "n": n} for g, f, n in
             [("man", "art", 10), ("man", "law", 30), ("man", "math", 60),
