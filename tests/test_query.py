@@ -638,7 +638,15 @@ def test_regex_error_span_inside_a_computed_regex_is_the_expression(con):
         con.sql(query, {"x": "b"}).fetchall()
     e = info.value
     assert query[e.span[0]:e.span[1]] == "escape(:x) || '(a'"
-    assert "in the regex MATCHING evaluates to" in e.message
+    # where in what it evaluated to ('b(a': the error at the open group, as re puts it)
+    import re
+    with pytest.raises(re.error) as want:
+        re.compile("b(a")
+    assert f"at character {want.value.pos + 1} of the regex MATCHING evaluates to: 'b⟨here⟩(a'" in e.message
+    long = "x" * 100
+    with pytest.raises(RegexError) as info:
+        con.sql(query, {"x": long}).fetchall()
+    assert f"evaluates to: …'{'x' * 30}⟨here⟩(a'" in info.value.message
 
 
 def test_unknown_model_is_a_model_error(con):

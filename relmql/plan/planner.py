@@ -117,10 +117,21 @@ class QueryPlan:
             new_span = (s, max(e, s + 1))
         else:
             new_span = span
-        out = type(err)(err.message if offsets is not None or err.span is None
-                        else f"{err.message} (in the regex {role} evaluates to)", new_span, self.source, err.hint)
+        message = err.message
+        if offsets is None and err.span is not None:  # a computed regex: say where in what it evaluated to
+            regex = self.prefix if role == "PREFIX" else self.matching if role == "MATCHING" else None
+            at = min(max(err.span[0], 0), len(regex)) if regex is not None else None
+            message += (f" (in the regex {role} evaluates to)" if regex is None else
+                        f", at character {at + 1} of the regex {role} evaluates to: {_around(regex, at)}")
+        out = type(err)(message, new_span, self.source, err.hint)
         out.role = err.role
         return out
+
+
+def _around(text: str, at: int, width: int = 30) -> str:
+    """``text`` quoted with ``⟨here⟩`` at position ``at``, clipped to ``width`` characters each side."""
+    before, after = text[max(0, at - width):at], text[at:at + width]
+    return ("…" if at > width else "") + shown(before + "⟨here⟩" + after) + ("…" if at + width < len(text) else "")
 
 
 @dataclass(frozen=True)
