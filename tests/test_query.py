@@ -632,6 +632,14 @@ def test_numbers_at_the_edges(con):
                   {"g": "1"})
     assert got == ("b", 0.12)  # the group number, not a group named '1'
 
+def test_round_and_remainder_as_sql_has_them(con):
+    """Halves away from zero and the dividend's sign, as PostgreSQL's numeric and DuckDB give them
+    (Python's round(2.5) is 2 and -7 % 3 is 2)."""
+    (got,) = rows(con, "SELECT round(2.5), round(-2.5), round(0.125, 2), round(2.675, 2), round(1250, -2), "
+                       "round(-0.5), round(ln(0)), -7 % 3, 7 % -3, -7.5 % 2, 7 % 3 MATCHING 'a'")
+    assert got == (3.0, -3.0, 0.13, 2.68, 1300.0, -1.0, -math.inf, -1, 1, -1.5, 1)
+
+
 def test_regex_error_span_inside_a_computed_regex_is_the_expression(con):
     query = "SELECT text MATCHING escape(:x) || '(a'"
     with pytest.raises(RegexError) as info:
@@ -747,7 +755,7 @@ def test_text_that_spells_a_number_is_one_where_a_number_is_needed(con):
     number argument it is the number it spells, and other text is an error, not false."""
     (got,) = rows(con, "SELECT :n = 2 AS eq, :n + 1 AS s, -:n AS neg, round(:x, 1) AS r, :n > 1.5 AS gt MATCHING 'a'",
                   {"n": "2", "x": "0.25"})
-    assert got == (True, 3, -2, 0.2, True)
+    assert got == (True, 3, -2, 0.3, True)  # (halves away from zero)
     with pytest.raises(PlanError, match="cannot compare text with a number"):
         rows(con, "SELECT :w > 1 AS x MATCHING 'a'", {"w": "abc"})
     assert rows(con, "SELECT :w = 'abc' AS x, :w = 1 AS y MATCHING 'a'", {"w": "abc"}) == [(True, False)]

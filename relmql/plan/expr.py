@@ -8,6 +8,7 @@ gives NULL; aggregates skip NULLs; ``count(*)`` counts rows.
 
 from __future__ import annotations
 
+import decimal
 import math
 import operator
 import re
@@ -83,7 +84,20 @@ def _regexp_replace(s: str, pattern: str, replacement: str) -> str:
 
 
 def _round(x, n=0):
-    return round(x, int(n)) if n else float(round(x))
+    """``x`` to ``n`` decimals, halves away from zero as SQL rounds (2.5 to 3, -2.5 to -3,
+    0.125 to 0.13: the number as written, not its nearest binary fraction)."""
+    if not math.isfinite(x):
+        return float(x)
+    digits = decimal.Decimal(1).scaleb(-int(n))
+    return float(decimal.Decimal(repr(float(x))).quantize(digits, rounding=decimal.ROUND_HALF_UP))
+
+
+def _mod(a, b):
+    """SQL's remainder: the sign of the dividend (-7 % 3 is -1, as in DuckDB and PostgreSQL)."""
+    if isinstance(a, int) and isinstance(b, int):
+        r = abs(a) % abs(b)
+        return -r if a < 0 else r
+    return math.fmod(a, b)
 
 
 def _exp(x: float) -> float:
@@ -242,7 +256,7 @@ _TYPE_WORDS = {"text": "text", "list": "a list", "sized": "text or a list", "int
 
 _COMPARE = {"=": operator.eq, "<>": operator.ne, "<": operator.lt, ">": operator.gt, "<=": operator.le,
             ">=": operator.ge}
-_ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "%": operator.mod}
+_ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "%": _mod}
 
 
 def evaluate(node: A.Node, env: Env) -> Any:
