@@ -258,15 +258,13 @@ def stop_warning(stop: Stop) -> str:
 def _causes(plan: QueryPlan, causes, short: bool = False) -> str:
     """Why a search found no row, in words, with what to change."""
     words = []
+    rules = plan.decoding.truncation()  # "topk 40 and topp 0.9", the rules that cut
+    it = "them" if " and " in rules else "it"
     if "rules" in causes:
-        rules = plan.decoding.truncation()
-        it = "them" if " and " in rules else "it"
         words.append(f"{rules} kept none of the tokens MATCHING allows next where the search needed "
                      f"one (raise or drop {it}, or put the text's beginning in PREFIX"
                      + (")" if short else ": the rules apply to the completion only)"))
     if "eos" in causes:
-        rules = plan.decoding.truncation()
-        it = "them" if " and " in rules else "it"
         words.append(f"{rules} ruled out the end-of-text token where strings of MATCHING ended, and eos needs it "
                      f"there (raise or drop {it}, or drop eos)")
     if "max_tokens" in causes:

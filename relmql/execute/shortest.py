@@ -341,13 +341,14 @@ class ShortestPathSearch:
     def cut(self, cause: str, states: List[int]) -> None:
         """Remember ``states`` as those of nodes cut short by ``cause``: the first CUT distinct ones
         that a token may follow (a cheap test; whether the language goes on the way the cause
-        blocked is checked once the search is exhausted). A string that ends where nothing
-        follows, as many do under ``eos``, takes no place."""
+        blocked is checked once the search is exhausted), or for ``eos``, whose token is the one
+        cut, any. A string that ends where nothing follows, as many do under ``eos``, takes no
+        place otherwise."""
         kept = self._cut[cause]
         for s in states:
             if len(kept) >= CUT:
                 return
-            if s not in kept and self.automaton.may_continue(s):
+            if s not in kept and (cause == "eos" or self.automaton.may_continue(s)):
                 kept.append(s)
 
     def final_edits(self, state: int) -> int:
@@ -522,8 +523,8 @@ class ShortestPathSearch:
                 edits = self.final_edits(node.state)
                 if edits >= 0 and eos_rule[b] > -math.inf:
                     self.push(self.result_key(node.pre_raw, node.cond + eos_rule[b]), RESULT, node, edits)
-                elif edits >= 0 and not self.found and len(self._cut["eos"]) < CUT:  # a string the rules end nowhere
-                    self._cut["eos"].append(node.state)
+                elif edits >= 0 and not self.found:  # a string whose end of text the rules rule out
+                    self.cut("eos", [node.state])
             n = counts[b]
             if n <= chunk:
                 continue

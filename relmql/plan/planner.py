@@ -118,11 +118,12 @@ class QueryPlan:
         else:
             new_span = span
         message = err.message
-        if offsets is None and err.span is not None:  # a computed regex: say where in what it evaluated to
-            regex = self.prefix if role == "PREFIX" else self.matching if role == "MATCHING" else None
-            at = min(max(err.span[0], 0), len(regex)) if regex is not None else None
-            message += (f" (in the regex {role} evaluates to)" if regex is None else
-                        f", at character {at + 1} of the regex {role} evaluates to: {_around(regex, at)}")
+        regex = self.prefix if role == "PREFIX" else self.matching if role == "MATCHING" else None
+        if offsets is None and err.span is not None and regex is not None:  # a computed regex: where in it
+            at = min(max(err.span[0], 0), len(regex))
+            message += f", at character {at + 1} of the regex {role} evaluates to: {_around(regex, at)}"
+        elif offsets is None and err.span is not None:
+            message += f" (in the regex {role} evaluates to)"
         out = type(err)(message, new_span, self.source, err.hint)
         out.role = err.role
         return out
