@@ -176,16 +176,35 @@ def format_p(p: float) -> str:
 
 
 def sort_key(v):
-    """How values sort in results: NULL last, numbers together, other types by type name."""
-    return (v is None, type(v).__name__ if not isinstance(v, (int, float)) else "", v if v is not None else 0)
+    """How values sort in results: NULL last, numbers together (first), other types (booleans
+    among them) by type name."""
+    v = unkey(v)
+    number = isinstance(v, (int, float)) and not isinstance(v, bool)
+    return (v is None, "" if number else type(v).__name__, v if v is not None else 0)
+
+
+@dataclass(frozen=True)
+class BoolKey:
+    """A boolean as a key (``hashable``): Python takes true for 1, a database does not."""
+    value: bool
 
 
 def hashable(v):
     """``v`` as a key of a group or a cell: a list as a tuple (token lists), a JSON object (or a
-    list holding one) as its JSON text, so that data files' nested values can be grouped."""
+    list holding one) as its JSON text, so that data files' nested values can be grouped; a
+    boolean as a ``BoolKey`` (``unkey`` gives the value back)."""
     if isinstance(v, dict) or (isinstance(v, list) and any(isinstance(x, (dict, list)) for x in v)):
         return json.dumps(v, sort_keys=True, ensure_ascii=False, default=str)
-    return tuple(v) if isinstance(v, list) else v
+    if isinstance(v, bool):
+        return BoolKey(v)
+    return tuple(hashable(x) for x in v) if isinstance(v, list) else v
+
+
+def unkey(k):
+    """The value a ``hashable`` key stands for (a list as a tuple)."""
+    if isinstance(k, BoolKey):
+        return k.value
+    return tuple(unkey(x) for x in k) if isinstance(k, tuple) else k
 
 
 def contingency(rows: Sequence[Mapping[str, Any]], a: str, b: str, weight: Optional[str] = None
@@ -204,12 +223,12 @@ def contingency(rows: Sequence[Mapping[str, Any]], a: str, b: str, weight: Optio
             raise ValueError(f"the weight {weight!r} must be a number, not {w!r}")
         key = (hashable(r[a]), hashable(r[b]))
         cells[key] = cells.get(key, 0.0) + float(w)
-    a_vals = sorted({k[0] for k in cells}, key=sort_key)
-    b_vals = sorted({k[1] for k in cells}, key=sort_key)
-    table = np.zeros((len(a_vals), len(b_vals)))
+    a_keys = sorted({k[0] for k in cells}, key=sort_key)
+    b_keys = sorted({k[1] for k in cells}, key=sort_key)
+    table = np.zeros((len(a_keys), len(b_keys)))
     for (x, y), w in cells.items():
-        table[a_vals.index(x), b_vals.index(y)] += w
-    return a_vals, b_vals, table
+        table[a_keys.index(x), b_keys.index(y)] += w
+    return [unkey(k) for k in a_keys], [unkey(k) for k in b_keys], table
 
 
 def chi2_independence(rows: Sequence[Mapping[str, Any]], a: str, b: str, weight: Optional[str] = None,

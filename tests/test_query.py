@@ -745,6 +745,13 @@ def test_data_files_as_spreadsheets_and_editors_write_them(con, tmp_path):
     assert rows(con, f"SELECT :q AS q MATCHING escape(:q) FOR EACH ROW IN '{csv_path}' WHERE :n = 2") == [("b",)]
     grouped = rows(con, f"SELECT :o AS o, count(*) AS c MATCHING escape(:q) GROUP BY o FOR EACH ROW IN '{jsonl_path}'")
     assert sorted(grouped, key=lambda r: r[1]) == [({}, 1), ({"k": 1}, 2)]  # objects are grouped by value
+    mixed = tmp_path / "mixed.jsonl"  # true and 1 (and [true] and [1]) are different values, as in SQL
+    mixed.write_text("".join(json.dumps({"q": q, "v": v}) + "\n" for q, v in
+                             [("a", 1), ("b", True), ("c", 1), ("d", [True]), ("e", [1]), ("f", 1.0)]))
+    got = rows(con, f"SELECT :v AS v, count(*) AS c, min(:q) AS q MATCHING escape(:q) GROUP BY v "
+                    f"FOR EACH ROW IN '{mixed}'")
+    assert sorted((repr(v), c, q) for v, c, q in got) == [("1", 3, "a"), ("True", 1, "b"), ("[1]", 1, "e"),
+                                                          ("[True]", 1, "d")]
     with pytest.raises(PlanError, match=r"a condition is true or false, not text \('a'\)") as info:
         rows(con, f"SELECT :q AS q MATCHING escape(:q) FOR EACH ROW IN '{csv_path}' WHERE :q")
     assert info.value.hint and "compare it" in info.value.hint
