@@ -745,6 +745,17 @@ def test_data_files_as_spreadsheets_and_editors_write_them(con, tmp_path):
     assert rows(con, f"SELECT :q AS q MATCHING escape(:q) FOR EACH ROW IN '{csv_path}' WHERE :n = 2") == [("b",)]
     grouped = rows(con, f"SELECT :o AS o, count(*) AS c MATCHING escape(:q) GROUP BY o FOR EACH ROW IN '{jsonl_path}'")
     assert sorted(grouped, key=lambda r: r[1]) == [({}, 1), ({"k": 1}, 2)]  # objects are grouped by value
+    tsv, quoted = tmp_path / "said.tsv", tmp_path / "said.csv"  # TSV has no quoting; CSV does
+    said = ['"Hi," she said', 'a "b" c', '""']
+    tsv.write_text("q\tn\n" + "".join(f"{q}\t{i}\n" for i, q in enumerate(said)), encoding="utf-8")
+    quoted.write_text("q,n\n" + "".join(f'"{q.replace(chr(34), chr(34) * 2)}",{i}\n' for i, q in enumerate(said)),
+                      encoding="utf-8")
+    for path in (tsv, quoted):
+        assert rows(con, f"SELECT :q AS q MATCHING escape(:q) FOR EACH ROW IN '{path}'") == [(q,) for q in said]
+    tsv.write_text("q\tn\na\tb\t1\n", encoding="utf-8")
+    with pytest.raises(PlanError, match="3 cells where the header names 2") as info:
+        rows(con, f"SELECT :q AS q MATCHING escape(:q) FOR EACH ROW IN '{tsv}'")
+    assert "TSV cell cannot hold a tab" in info.value.hint
     mixed = tmp_path / "mixed.jsonl"  # true and 1 (and [true] and [1]) are different values, as in SQL
     mixed.write_text("".join(json.dumps({"q": q, "v": v}) + "\n" for q, v in
                              [("a", 1), ("b", True), ("c", 1), ("d", [True]), ("e", [1]), ("f", 1.0)]))

@@ -557,7 +557,8 @@ def _file_rows(f, path: str, source: str, span) -> Iterator[Dict[str, Any]]:
     """``iter_rows`` of the open file ``f``."""
     lower = path.lower()
     if lower.endswith((".csv", ".tsv")):
-        reader = csv.DictReader(f, delimiter="\t" if lower.endswith(".tsv") else ",")
+        tsv = lower.endswith(".tsv")  # TSV has no quoting: a cell is its text, quotes and all
+        reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if tsv else csv.DictReader(f)
         header = reader.fieldnames or []
         twice = next((h for i, h in enumerate(header) if h in header[:i]), None)
         if twice is not None:  # a dict keeps only the last
@@ -568,8 +569,9 @@ def _file_rows(f, path: str, source: str, span) -> Iterator[Dict[str, Any]]:
             if cells != len(header):  # DictReader drops the cells past the header and fills missing ones with None
                 raise PlanError(f"{path}, line {reader.line_num}: {cells} cell{'s' if cells != 1 else ''} where the "
                                 f"header names {len(header)}", span, source or None,
-                                hint="quote a cell that holds the separator" if cells > len(header) else
-                                "an empty cell is written as nothing between two separators")
+                                hint=("a TSV cell cannot hold a tab: write the file as .csv, quoting that cell"
+                                      if tsv else "quote a cell that holds the separator") if cells > len(header)
+                                else "an empty cell is written as nothing between two separators")
             yield _fields(row, i, f"{path}, row {i}", span, source)
         return
     if lower.endswith(".json"):
