@@ -446,6 +446,12 @@ def test_tracker_walks_within_their_budget_answer_as_computed_afresh(smol_vocab)
         assert len(tracker.walks) > 2
         for (_, tau), (codes, evals) in list(tracker.walks.items())[:5]:
             assert codes.dtype == np.int16 and np.array_equal(evals[codes], roomy._tracker_walk(tau))
+        # a query's share of max_memory for the automaton bounds the walks too (a quarter of it)
+        before = len(tracker.walks)
+        roomy.set_cache_budget(4 * 3 * (2 * len(smol_vocab.tokens) + 4096))
+        assert tracker.walk_budget == 3 * (2 * len(smol_vocab.tokens) + 4096)
+        assert len(tracker.walks) < before and tracker.walk_bytes <= tracker.walk_budget
+        assert tracker.walk_bytes == sum(a.nbytes for w in tracker.walks.values() for a in w)
     finally:
         tracker.walks.clear()
         tracker.walk_bytes, tracker.walk_budget = 0, budget

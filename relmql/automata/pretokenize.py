@@ -1072,11 +1072,21 @@ class Tracker:
             got = compute()
             self.walks[key] = got
             self.walk_bytes += sum(a.nbytes for a in got)
-            while self.walk_bytes > self.walk_budget and len(self.walks) > 1:
-                self.walk_bytes -= sum(a.nbytes for a in self.walks.popitem(last=False)[1])
+            self._shrink_walks(1)
         else:
             self.walks.move_to_end(key)
         return got
+
+    def set_walk_budget(self, nbytes: int) -> None:
+        """Keep at most about ``nbytes`` of walks (the automaton's share of a query's
+        ``max_memory``: ``TokenAutomaton.set_cache_budget``)."""
+        self.walk_budget = nbytes
+        self._shrink_walks(0)
+
+    def _shrink_walks(self, keep: int) -> None:
+        """Drop the least recently used walks past ``walk_budget``, keeping at least ``keep``."""
+        while self.walk_bytes > self.walk_budget and len(self.walks) > keep:
+            self.walk_bytes -= sum(a.nbytes for a in self.walks.popitem(last=False)[1])
 
 
 @functools.lru_cache(maxsize=8)

@@ -127,9 +127,13 @@ class TokenAutomaton:
 
     def set_cache_budget(self, nbytes: int) -> None:
         """Keep at most about ``nbytes`` of cached transitions (least recently used are dropped
-        and computed again when asked for)."""
+        and computed again when asked for): under canonical tokenization a quarter of it for the
+        tracker's walks (shared by the automata of one tokenizer), the rest split evenly."""
+        walks = nbytes // 4 if self.tracker is not None else 0
+        if self.tracker is not None:
+            self.tracker.set_walk_budget(walks)
         for cache in (self._dfa_cache, self._arcs_cache):
-            cache.budget = max(1, nbytes // 2)
+            cache.budget = max(1, (nbytes - walks) // 2)
             cache.shrink()
 
     # -- packing
