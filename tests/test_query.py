@@ -706,7 +706,8 @@ def test_errors_in_dataset_rows(con, tmp_path):
             ("clash.jsonl", '{"my q": "a", "my-q": "b"}\n', "the fields 'my q' and 'my-q' would both be :my_q"),
             ("number.jsonl", '{"q": "a", "row_number": 7}\n', "would both be :row_number"),
             ("more.csv", 'q,n\na,1\n"b,c",2,3\n', "more.csv, line 3: 3 cells where the header names 2"),
-            ("fewer.tsv", 'q\tn\na\t1\n"b\nc"\n', "fewer.tsv, line 4: 1 cell where the header names 2")):
+            ("fewer.csv", 'q,n\na,1\n"b\nc"\n', "fewer.csv, line 4: 1 cell where the header names 2"),
+            ("fewer.tsv", 'q\tn\na\t1\nb\n', "fewer.tsv, line 3: 1 cell where the header names 2")):
         (tmp_path / name).write_text(content, encoding="utf-8")
         with pytest.raises(PlanError, match=re.escape(words)):  # one of them was dropped without a word
             con.sql(f"SELECT text MATCHING 'a' FOR EACH ROW IN '{tmp_path / name}'").fetchall()

@@ -76,6 +76,19 @@ def test_golden_sets_are_there():
             assert expected.with_suffix(".rql").is_file(), f"{expected} has no input"
 
 
+def test_expected_tokens_are_those_that_could_come_next():
+    """An error lists what the statement could go on with there: no ')' outside parentheses,
+    no ',' after LIMIT's number (LALR's own lists hold both, from states it merged)."""
+    def expected(text):
+        with pytest.raises(ParseError) as info:
+            parse(text)
+        return info.value.message.split("; expected ")[1]
+    after_limit = expected("SELECT text MATCHING 'a' LIMIT 1 foo")
+    assert "')'" not in after_limit and "','" not in after_limit and "';'" in after_limit
+    assert "')'" in expected("SELECT (1 + 2 foo")
+    assert expected("SELECT text MATCHING 'a' USING topk 5 foo").startswith("',', ';', FOR")
+
+
 @pytest.mark.parametrize("path", GOOD, ids=lambda p: p.stem)
 def test_golden_ast(path, update_golden):
     text = read(path)

@@ -46,6 +46,7 @@ _CLAUSES = ("SELECT", "FROM", "MATCHING", "PREFIX", "WHERE", "USING", "ORDER", "
 
 
 def _describe(expected) -> str:
+    expected = set(expected) - ({"$END"} if "SEMICOLON" in expected else set())  # ';' says it may end
     names = sorted({_TERMINALS.get(t, t) for t in expected if not t.startswith("__")})
     clauses = [c for c in _CLAUSES if c in names]
     others = [n for n in names if n not in clauses]
@@ -120,10 +121,12 @@ def _syntax_error(e: UnexpectedInput, text: str) -> ParseError:
         return ParseError(f"the statement ends early; expected {_describe(e.expected)}", (end, end + 1), text)
     if isinstance(e, UnexpectedToken):
         tok = e.token
+        # what the parser would take next (LALR's ``expected`` may hold tokens no statement allows there)
+        expected = e.accepts or e.expected
         if tok.type == "$END":
             # Lark's end token borrows the position of the last real token
             end = tok.end_pos if tok.end_pos is not None else len(text.rstrip())
-            return ParseError(f"the statement ends early; expected {_describe(e.expected)}", (end, end + 1), text)
+            return ParseError(f"the statement ends early; expected {_describe(expected)}", (end, end + 1), text)
         start = tok.start_pos
         # the lexer reads an unclosed /* as the tokens / and *: the error is at one of them
         opened = _unclosed_comment(text)
@@ -146,8 +149,8 @@ def _syntax_error(e: UnexpectedInput, text: str) -> ParseError:
         elif tok.type in _CLAUSES and re.search(r"\bFOR\s+EACH\s+ROW\s+IN\b", before, re.IGNORECASE):
             hint = f"FOR EACH ROW IN comes last in a query: put {tok.type} before it"
         else:  # a keyword in the wrong place is not a misspelling of another keyword
-            hint = _did_you_mean(str(tok), e.expected) if tok.type in ("NAME", "MODEL_NAME") else None
-        return ParseError(f"unexpected {_token_text(tok)}; expected {_describe(e.expected)}", span, text, hint=hint)
+            hint = _did_you_mean(str(tok), expected) if tok.type in ("NAME", "MODEL_NAME") else None
+        return ParseError(f"unexpected {_token_text(tok)}; expected {_describe(expected)}", span, text, hint=hint)
     return ParseError(str(e), None, text)
 
 
