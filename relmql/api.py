@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from .errors import Error, closest
+from .memory import approx_bytes, format_size
 from .models import BUILTIN_MODELS, LanguageModel, ModelCache
 from .output import render_table
 from .output.format import format_value
@@ -45,7 +46,13 @@ class Result:
 
     A query that fails (an error, ``cancel()``, Ctrl-C) fails every later read too: the rows read
     before it stay in ``rows_so_far``, but no read returns them as if they were all.
+
+    Rows read are kept, for a second read, ``rows_so_far`` and ``plot``, up to ``KEEP_BYTES``
+    (about); past that none are kept and the query streams on (writing a million samples to a
+    file holds no more), and reading the rows again raises an Error that says so.
     """
+
+    KEEP_BYTES = 256 * 2 ** 20
 
     def __init__(self, columns: Sequence[str], rows: Callable[["Result"], Iterator[tuple]], kind: str = "rows",
                  explain: Optional[Callable[[], str]] = None, message: Optional[str] = None,
@@ -60,7 +67,8 @@ class Result:
         self.kinds = tuple(kinds or ["text"] * len(self.columns))
         self._make = rows
         self._iter: Optional[Iterator[tuple]] = None
-        self._rows: List[tuple] = []
+        self._rows: List[tuple] = []  # the rows kept: rows _base, _base + 1, ... of the _count read
+        self._base = self._count = self._kept_bytes = 0
         self._done = False
         self._cursor = 0  # rows handed out by fetchone/fetchmany/fetchall
         self._explain = explain
@@ -93,13 +101,23 @@ class Result:
     @property
     def rows_so_far(self) -> List[tuple]:
         """The rows computed so far (all of them once the query has ended), without running it on."""
+        if self._base:
+            raise self._not_kept()
         return list(self._rows)
+
+    def _not_kept(self) -> Error:
+        return Error(f"this result's rows were not kept: they came to more than {format_size(self.KEEP_BYTES)} "
+                     f"({self._count:,} rows read), and each was handed out as it came",
+                     hint="run the query again to read them again; write them to a file as they come "
+                          "(relmql -o rows.jsonl) to keep them")
 
     def _next(self, have: int) -> Optional[tuple]:
         """Row ``have`` (computing it if no other reader has): None at the end."""
         with self._reading:
-            if have < len(self._rows):
-                return self._rows[have]
+            if have < self._count:
+                if have < self._base:
+                    raise self._not_kept()
+                return self._rows[have - self._base]
             if self._failed is not None:
                 raise self._failed
             if self._done:
@@ -122,8 +140,13 @@ class Result:
                 self._done = True
                 self._failed = e
                 raise
-            self._rows.append(row)
-            self.times.append(time.perf_counter() - self._t0)
+            self._count += 1
+            if not self._base:
+                self._rows.append(row)
+                self.times.append(time.perf_counter() - self._t0)
+                self._kept_bytes += approx_bytes(row) + 32  # and its time
+                if self._kept_bytes > self.KEEP_BYTES:  # from here on, rows stream through
+                    self._base, self._rows, self.times = self._count, [], []
             _Progress.clear()  # the row may be written to the same terminal
             return row
 

@@ -20,11 +20,12 @@ from .automata.language import levenshtein, nearest, unedited, viable_length
 from .errors import Error
 from .execute import Mass, Row, SearchStats, execute, measure
 from .execute.shortest import NO_ROW
+from .memory import approx_bytes, format_size, shares
 from .models import LanguageModel
 from .plan import DatasetPlan, ModelRef, Plan, QueryPlan, evaluate, plan_row, selected_rows
 from .plan.expr import Env, truth
 from .plan.options import PlanError, shown
-from .records import COLUMNS, COMPUTED_COLUMNS, Cancelled, Measure, Sample, Stop
+from .records import COLUMNS, COMPUTED_COLUMNS, Cancelled, ExecutionError, Measure, Sample, Stop
 from .stats import Estimate, hashable, probability, sort_key
 from .syntax import ast as A
 
@@ -378,7 +379,9 @@ def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
     groups: Dict[Any, List[Env]] = {}
     hits, counted = [], []
     beyond = [False] * len(plan.group_by)  # GROUP BY keys that read more of a row than its prefix
+    held = _Held(plan)
     for env in envs:
+        held.add(env)
         if _counts_only(env):  # only probability() counts it
             counted.append(env)
             continue
@@ -401,6 +404,47 @@ def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
         else:
             genv = _EmptyEnv(measured)
         yield tuple(_eval(o.expr, genv, plan.source) for o in outputs)
+
+
+class _Held:
+    """The rows an aggregate holds until the end, within the traversal's share of ``max_memory``
+    (each row's strings and tokens and ``ROW_BYTES`` for the rest): past it, or where a SAMPLE
+    alone needs more, an error, before the memory runs out."""
+
+    ROW_BYTES = 320  # a Row, its RowEnv and their places in the lists (with its strings: 620 bytes for 'a')
+    LEAST = ROW_BYTES + approx_bytes(("", "", "", (0,)))  # a row of one token and no text
+
+    def __init__(self, plan: Plan):
+        self.bytes, self.rows, self.budget = 0, 0, None
+        if isinstance(plan, QueryPlan):
+            self._share(plan)
+            n = plan.traversal.n if isinstance(plan.traversal, Sample) else 0
+            if n * self.LEAST > self.budget:
+                raise self._error(f"SAMPLE {n:,} with aggregates holds each sample's row until the end, "
+                                  f"at least {format_size(n * self.LEAST)}", 6 * n * self.LEAST, "lower SAMPLE")
+
+    def _share(self, plan: QueryPlan) -> None:
+        self.max_memory = plan.traversal.max_memory
+        self.budget = shares(self.max_memory).traversal
+
+    def add(self, env: Env) -> None:
+        row = getattr(env, "row", None)
+        if row is None:
+            return
+        if self.budget is None:  # a dataset's: its first query's
+            self._share(env.plan)
+        self.rows += 1
+        self.bytes += self.ROW_BYTES + approx_bytes((row.text, row.prefix, row.completion, row.tokens))
+        if self.bytes > self.budget:
+            raise self._error(f"the aggregates hold every row until the end, and {self.rows:,} rows came to "
+                              f"{format_size(self.bytes)}", 4 * self.max_memory,
+                              "lower SAMPLE or LIMIT (or choose fewer data rows)")
+
+    def _error(self, what: str, need: int, fewer: str) -> ExecutionError:
+        gb = -(-need // 10 ** 9)
+        return ExecutionError(f"{what}: more than this query's share of max_memory ({format_size(self.budget)} "
+                              f"of {format_size(self.max_memory)})",
+                              hint=fewer + (f", or raise max_memory (USING max_memory '{gb}GB')" if gb <= 1000 else ""))
 
 
 def _counts_only(env: Env) -> bool:

@@ -54,6 +54,19 @@ class Shares:
     traversal: int
 
 
+def approx_bytes(values) -> int:
+    """About the bytes a tuple of values holds: the tuple, each value, and the items of a value
+    that is a list, tuple or dict (one level: token lists, JSON fields)."""
+    n = sys.getsizeof(values)
+    for v in values:
+        n += sys.getsizeof(v)
+        if isinstance(v, (list, tuple)):
+            n += sum(sys.getsizeof(x) for x in v)
+        elif isinstance(v, dict):
+            n += sum(sys.getsizeof(k) + sys.getsizeof(x) for k, x in v.items())
+    return n
+
+
 def shares(max_memory: int) -> Shares:
     return Shares(kv=max_memory // 2, automaton=max_memory // 4, traversal=max_memory // 4)
 

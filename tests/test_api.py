@@ -393,3 +393,27 @@ def test_connect_and_params_take_what_python_code_has_at_hand(con):
     with pytest.raises(relmql.PlanError, match="progress is True or False, not 'no'"):
         relmql.connect(model="tiny-gpt2", progress="no")
     assert fresh(con).sql("SET topk = NULL").message == "SET topk = NULL"
+
+
+def test_rows_past_the_keep_budget_stream_through_and_are_not_kept(con):
+    """A result keeps the rows read for a second read up to KEEP_BYTES; past that it streams on
+    without keeping any (a long SAMPLE written to a file holds no more memory), and a read that
+    needs the dropped rows says so instead of giving a part of them."""
+    def numbers(result):
+        for i in range(10_000):
+            yield (i, "x" * 50)
+
+    r = relmql.Result(("i", "s"), numbers)
+    r.KEEP_BYTES = 100 * 200  # about 100 rows
+    assert [row[0] for row in r] == list(range(10_000))  # one reader: every row, in order
+    assert len(r._rows) < 200 and r._base > 0
+    for read in (r.fetchall, lambda: list(r), lambda: r.rows_so_far, r.to_dicts):
+        with pytest.raises(relmql.Error, match="rows were not kept") as info:
+            read()
+        assert "10,000 rows read" in info.value.message and "run the query again" in info.value.hint
+    small = relmql.Result(("i", "s"), numbers)
+    assert list(small) == list(small) and len(small.rows_so_far) == 10_000  # within the budget: kept
+    s = con.sql("SELECT text MATCHING 'a|b' USING seed 3 SAMPLE 300")
+    s.KEEP_BYTES = 2000
+    got = [t for t, in s]
+    assert len(got) == 300 and got == [t for t, in con.sql("SELECT text MATCHING 'a|b' USING seed 3 SAMPLE 300")]

@@ -190,3 +190,27 @@ def test_the_bounds_are_options_and_in_explain(con):
         s.sql("SET max_memory = 'lots'")
     with pytest.raises(relmql.Error, match="max_memory must be at least 64 MiB"):
         s.sql(URLS + ", max_memory 1000")
+
+
+def test_aggregates_hold_their_rows_within_the_share_of_max_memory(con, monkeypatch):
+    """Aggregates read every row at the end, so the rows they hold count against the traversal's
+    share of max_memory: a SAMPLE that cannot fit is refused before it runs, and rows that
+    outgrow the share end the query with one message (before the machine's memory runs out)."""
+    from relmql.engine import _Held
+    from relmql.memory import shares
+    with pytest.raises(relmql.Error, match=r"SAMPLE 1,000,000,000,000 with aggregates .* \(512 MiB of 2 GiB\)") as info:
+        con.sql("SELECT count(*) MATCHING 'a|b' SAMPLE 1000000000000").fetchall()  # at once: no model call
+    assert info.value.hint == "lower SAMPLE"
+    share = shares(64 * 2 ** 20).traversal
+    fits = share // _Held.LEAST
+    with pytest.raises(relmql.Error, match="with aggregates") as info:
+        con.sql(f"SELECT count(*) MATCHING 'a|b' USING max_memory '64MiB' SAMPLE {fits + 1}").fetchall()
+    assert "raise max_memory (USING max_memory '1GB')" in info.value.hint
+    # the share runs out part way (here, rows made to weigh a 200th of it each)
+    monkeypatch.setattr(_Held, "ROW_BYTES", share // 200 - _Held.LEAST + _Held.ROW_BYTES)
+    with pytest.raises(relmql.Error, match=r"the aggregates hold every row until the end, and (\d+) rows came to") \
+            as info:
+        con.sql("SELECT text, count(*) MATCHING 'a|bc' USING max_memory '64MiB' SAMPLE 300 GROUP BY text").fetchall()
+    assert 150 < int(info.value.message.split(" rows came")[0].split()[-1]) <= 200
+    (n,), = con.sql("SELECT count(*) MATCHING 'a|b' USING max_memory '64MiB' SAMPLE 150").fetchall()
+    assert n == 150  # within the share: as before
