@@ -13,6 +13,7 @@ from scipy import stats as sstats
 from relmql.automata import CompileOptions, compile
 from relmql.automata.language import levenshtein
 from relmql.errors import Error
+from relmql.output import render_table
 from relmql.stats import Estimate, chi2_independence, estimate_mean, wilson
 
 from conftest import enumerate_paths
@@ -672,6 +673,11 @@ def test_estimates_in_tables_and_machine_formats(con, capsys):
     assert main(["--model", "tiny-gpt2", "--dtype", "float32", "--no-progress", "--format", "table", "-c", q]) == 0
     out = capsys.readouterr().out
     assert "probability() estimated from 200 draws; in brackets: 95% intervals" in out
+    # grouped by the prefix's key, each group is estimated from the draws of its own prefix class
+    r = con.sql(f"SELECT gender, probability() AS p {GF} USING exact_limit 0, estimate_samples 200 GROUP BY gender")
+    draws = sorted(p.draws for _, p in r)
+    assert sum(draws) == 200 and draws[0] < draws[1]
+    assert f"estimated from {draws[0]:,} to {draws[1]:,} draws a group;" in render_table(r.columns, list(r))
     assert re.search(r"│ ran +│ +[0-9.e-]+ \[[0-9.e-]+, [0-9.e-]+\] +│", out)
     assert main(["--model", "tiny-gpt2", "--dtype", "float32", "--no-progress", "--format", "csv", "-c", q]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -53,13 +53,17 @@ def format_value(v, width: Optional[int] = None) -> str:
 
 
 def estimate_note(rows: Iterable[tuple]) -> Optional[str]:
-    """What a table of these rows should say about estimated values, if it holds any."""
-    for r in rows:
-        for v in r:
-            if getattr(v, "exact", True) is False:
-                return (f"probability() estimated from {v.draws:,} draws; in brackets: {v.confidence:.0%} "
-                        f"intervals ({'Wilson' if v.method == 'wilson' else 'normal approximation'})")
-    return None
+    """What a table of these rows should say about estimated values, if it holds any: the draws
+    behind them (a group's are the draws whose prefix is of its class: with GROUP BY gender,
+    each gender's own), the confidence and the kind of interval."""
+    estimates = [v for r in rows for v in r if getattr(v, "exact", True) is False]
+    if not estimates:
+        return None
+    v = estimates[0]
+    low, high = min(e.draws for e in estimates), max(e.draws for e in estimates)
+    draws = f"{low:,} draws" if low == high else f"{low:,} to {high:,} draws a group"
+    return (f"probability() estimated from {draws}; in brackets: {v.confidence:.0%} "
+            f"intervals ({'Wilson' if v.method == 'wilson' else 'normal approximation'})")
 
 
 def _plain(v):
