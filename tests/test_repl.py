@@ -420,6 +420,17 @@ def test_enter_submits_only_complete_input():
     assert should_submit("SELECT text MATCHING 'a'; -- done")
 
 
+def test_psql_habits_get_an_answer_not_a_continuation_prompt(con):
+    """\\q quits, help shows .help, and another psql command says what the shell's are, at once
+    (they used to open a '...>' line and then fail as SQL)."""
+    for line in ("\\q", "\\d", "\\timing", "help"):
+        assert should_submit(line)
+    code, screen = drive(con, "\\timing\r" + "help\r" + "\\q\r")
+    assert code == 0
+    assert "\\timing: the shell's commands start with '.'" in screen and ".timer" in screen
+    assert ".read" in screen and "syntax error" not in screen
+
+
 # -- highlighting
 
 def test_lexer_keywords_are_the_grammars():

@@ -46,12 +46,13 @@ def _history():
 
 
 def should_submit(text: str) -> bool:
-    """Whether Enter runs the buffer (else it starts a new line): a blank buffer, a meta-command,
-    ``exit``/``quit``, or statements ending with ``;`` outside strings and comments."""
+    """Whether Enter runs the buffer (else it starts a new line): a blank buffer, a meta-command
+    (or a psql one, ``\\q``, which the shell answers), ``exit``/``quit``/``help``, or statements
+    ending with ``;`` outside strings and comments."""
     from ..syntax import is_complete
     stripped = text.strip()
-    return (not stripped or stripped.startswith(".") or stripped.lower().rstrip(";").strip() in ("exit", "quit")
-            or is_complete(text))
+    return (not stripped or stripped.startswith((".", "\\"))
+            or stripped.lower().rstrip(";").strip() in ("exit", "quit", "help") or is_complete(text))
 
 
 def _key_bindings(session_buffer):

@@ -137,8 +137,15 @@ class Shell:
         stripped = text.strip()
         if not stripped:
             return
-        if stripped.rstrip(";").strip().lower() in ("exit", "quit"):
+        word = stripped.rstrip(";").strip().lower()
+        if word in ("exit", "quit", "\\q"):
             self.done = True
+            return
+        if word == "help":
+            text = ".help"
+        elif stripped.startswith("\\"):  # psql's meta-commands
+            self.say(f"{stripped.split()[0]}: the shell's commands start with '.' (psql's \\? is .help, \\timing is "
+                     ".timer, \\i is .read, \\o is .output); .help lists them")
             return
         self.run_text(text)
 
