@@ -129,8 +129,9 @@ class TokenAutomaton:
         """Keep at most about ``nbytes`` of cached transitions (least recently used are dropped
         and computed again when asked for): under canonical tokenization a quarter of it for the
         tracker's walks (shared by the automata of one tokenizer), the rest split evenly."""
-        walks = nbytes // 4 if self.tracker is not None else 0
+        walks = 0
         if self.tracker is not None:
+            walks = nbytes // 4
             self.tracker.set_walk_budget(walks)
         for cache in (self._dfa_cache, self._arcs_cache):
             cache.budget = max(1, (nbytes - walks) // 2)
