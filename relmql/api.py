@@ -455,7 +455,7 @@ class Connection:
                 result.approximate = approximate(ref.dtype, ref.device)
             bar = _Progress(self.progress)
             steps = run(p, self.model, result.cancelled, bar.update, bar.total,
-                        rows=remote.rows if remote is not None else None, stops=result.stops)
+                        rows=remote.rows if remote is not None else None, stops=result.stops, on_nodes=bar.note)
             own = keeping(result.notes)  # each step keeps its notes in this result's list
             try:
                 while True:
@@ -527,10 +527,10 @@ class Connection:
 
 class _Progress:
     """A tqdm bar on stderr, only on a terminal and only once a query has run for a second: rows
-    and their rate, and the estimated time left when the total is known (SAMPLE n, datasets,
-    probability()). The bars are taken off the screen while a ``Result`` hands out a row, and
-    drawn again when the next one is asked for, so that rows written to the same terminal
-    never run into a bar."""
+    and their rate, the estimated time left when the total is known (SAMPLE n, datasets,
+    probability()), and how far the search for the next row has gone (``note``). The bars are
+    taken off the screen while a ``Result`` hands out a row, and drawn again when the next one
+    is asked for, so that rows written to the same terminal never run into a bar."""
 
     DELAY = 1.0
     MININTERVAL = 0.1  # seconds between redraws
@@ -540,6 +540,7 @@ class _Progress:
         self.bar = None
         self.shown = False  # drawn and not cleared since
         self.hidden = False  # cleared for a row, to be drawn again
+        self._t0 = self._noted = time.monotonic()
         if enabled and sys.stderr.isatty():
             from tqdm import tqdm
             # miniters=1: no redraws from tqdm's monitor thread, which clear() would not know of
@@ -553,8 +554,22 @@ class _Progress:
             self.bar.total, self.bar.unit = n, unit
 
     def update(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str("", refresh=False)  # the note was of the row now counted
         if self.bar is not None and self.bar.update(n):
             self.shown, self.hidden = True, False
+
+    def note(self, text: str) -> None:
+        """``text`` beside the count, drawn at once when the bar is due and was not drawn in the
+        last MININTERVAL: a search between rows calls no ``update``, and may run for minutes."""
+        if self.bar is None:
+            return
+        self.bar.set_postfix_str(text, refresh=False)
+        now = time.monotonic()
+        if not self.hidden and now - self._t0 >= self.DELAY and now - self._noted >= self.MININTERVAL:
+            self._noted = now
+            self.bar.refresh()
+            self.shown = True
 
     def close(self) -> None:
         if self.bar is not None:

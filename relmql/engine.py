@@ -25,7 +25,8 @@ from .models import LanguageModel
 from .plan import DatasetPlan, ModelRef, Plan, QueryPlan, evaluate, plan_row, selected_rows
 from .plan.expr import Env, truth
 from .plan.options import PlanError, shown
-from .records import COLUMNS, COMPUTED_COLUMNS, Cancelled, ExecutionError, Measure, Sample, Stop
+from .records import (COLUMNS, COMPUTED_COLUMNS, Cancelled, ExecutionError, Measure, Sample, ShortestPath, Stop,
+                      cancelling)
 from .stats import Estimate, hashable, probability, sort_key
 from .syntax import ast as A
 
@@ -189,7 +190,7 @@ def match_regex(plan: QueryPlan):
 def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event] = None,
                progress: Optional[Callable[[int], None]] = None, stopped: Optional[list] = None,
                masses: Optional[list] = None, on_total: Optional[Callable[..., None]] = None,
-               no_row: Optional[list] = None) -> Iterator[RowEnv]:
+               no_row: Optional[list] = None, on_nodes: Optional[Callable[[str], None]] = None) -> Iterator[RowEnv]:
     """The result rows of one query that pass its WHERE, up to its LIMIT. A search that a bound
     stopped (``Stop``) is warned about on stderr, or appended to ``stopped`` when given; one that
     found no row because the decoding rules or the token bounds cut it short is noted on stderr
@@ -199,14 +200,15 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
     measures its language (probability()) appends how to ``masses`` and tells ``on_total`` how
     many sequences or draws it will read (``progress`` counts them); its rows include rows that
     only count (``row.miss``: a prefix path, a draw that found no string or that WHERE left out),
-    which ``run`` keeps out of the groups."""
+    which ``run`` keeps out of the groups. ``on_nodes(text)`` is told after each model call of a
+    search how far it has gone (``nodes_note``), for a progress display before a row is found."""
     model = load(plan, models)
-    automaton = compile_plan(plan, model)
+    automaton = compile_plan(plan, model, cancel)
     regex = match_regex(plan)
     if plan.limit == 0:
         return
     emitted = 0
-    stats = SearchStats()
+    stats = SearchStats(watch=None if on_nodes is None else lambda s, opts: on_nodes(nodes_note(s, opts)))
     mass = None
     if isinstance(plan.traversal, Measure):
         mass, rows = measure(automaton, model, plan.decoding, plan.traversal, cancel, stats)
@@ -249,6 +251,18 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
             no_row.append((plan, causes, partial))
         else:
             say(no_row_note(plan, causes, partial))
+
+
+def nodes_note(stats: SearchStats, opts: ShortestPath) -> str:
+    """How far a search has gone, for a progress bar: the nodes it has expanded, and those spent
+    on the row it looks for against ``max_nodes_per_row`` (the bound that ends a search that finds
+    none), with the option's name, so that the bound a long wait runs into can be seen and raised."""
+    text = f"{stats.expanded:,} nodes"
+    if opts.max_nodes is not None:
+        text += f" of max_nodes {opts.max_nodes:,}"
+    if opts.max_nodes_per_row is not None:
+        text += f", {stats.since_row:,} of max_nodes_per_row {opts.max_nodes_per_row:,} for row {stats.rows + 1:,}"
+    return text
 
 
 def stop_warning(stop: Stop) -> str:
@@ -324,10 +338,12 @@ def load(plan: QueryPlan, models: Models) -> LanguageModel:
         raise
 
 
-def compile_plan(plan: QueryPlan, model: LanguageModel):
-    """The token automaton of ``plan`` on ``model``'s vocabulary, errors placed in the query text."""
+def compile_plan(plan: QueryPlan, model: LanguageModel, cancel: Optional[threading.Event] = None):
+    """The token automaton of ``plan`` on ``model``'s vocabulary, errors placed in the query text;
+    ``cancel`` stops the compile at its next check (a large determinization at once)."""
     try:
-        automaton = compile(plan.matching, model.vocabulary, plan.prefix, plan.compile)
+        with cancelling(cancel):
+            automaton = compile(plan.matching, model.vocabulary, plan.prefix, plan.compile)
     except Error as e:
         if e.role:  # MATCHING, PREFIX, a WHERE filter, or the filters together
             raise plan.source_error(e) from None
@@ -349,9 +365,11 @@ def _eval(node, env, source, condition: bool = False):
 
 def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
         progress: Optional[Callable[[int], None]] = None, on_total: Optional[Callable[[int], None]] = None,
-        rows: Optional[Callable[..., Iterator[Env]]] = None, stops: Optional[List[Stop]] = None) -> Iterator[tuple]:
+        rows: Optional[Callable[..., Iterator[Env]]] = None, stops: Optional[List[Stop]] = None,
+        on_nodes: Optional[Callable[[str], None]] = None) -> Iterator[tuple]:
     """Output tuples of ``plan``. ``progress(n)`` is told of each result row (or data row);
-    ``on_total(n)`` of how many there will be, when that is known. ``rows(cancel, progress,
+    ``on_total(n)`` of how many there will be, when that is known; ``on_nodes(text)`` of how far
+    the search for the next row has gone, after each model call (in this process). ``rows(cancel, progress,
     on_total, masses, stops)``: where the result rows come from instead of this process (the Ray
     engine's ``Statement.rows``). ``stops`` collects the ``Stop`` of each search (of each data
     row) that a bound ended; they are also warned about on stderr."""
@@ -362,9 +380,9 @@ def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
     if rows is not None:
         envs = rows(cancel, progress, on_total, masses, stops)
     elif isinstance(plan, DatasetPlan):
-        envs = _dataset_rows(plan, models, cancel, progress, on_total, masses, stops)
+        envs = _dataset_rows(plan, models, cancel, progress, on_total, masses, stops, on_nodes)
     else:
-        envs = _warned(query_rows(plan, models, cancel, progress, stops, masses, on_total), stops)
+        envs = _warned(query_rows(plan, models, cancel, progress, stops, masses, on_total, on_nodes=on_nodes), stops)
     outputs = plan.outputs
     if not plan.aggregate:
         for env in envs:
@@ -579,7 +597,8 @@ def in_data_row(e: Error, plan: DatasetPlan, number) -> Error:
     return e
 
 
-def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total, masses, stopped) -> Iterator[Env]:
+def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total, masses, stopped,
+                  on_nodes=None) -> Iterator[Env]:
     selected = selected_rows(plan)
     if not selected:
         say(f"note: no data rows to run in {plan.path}" + (" (after its WHERE)" if plan.row_where is not None
@@ -595,7 +614,8 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total,
         before = len(masses)
         try:
             qplan = plan_row(plan, data)
-            for env in query_rows(qplan, models, cancel, stopped=stopped, masses=masses, no_row=empty):
+            for env in query_rows(qplan, models, cancel, stopped=stopped, masses=masses, no_row=empty,
+                                  on_nodes=on_nodes):
                 found = True
                 yield env
         except Error as e:

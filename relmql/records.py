@@ -10,9 +10,12 @@ planning a query loads neither torch nor pynini.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+import threading
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Tuple, Union
 
 from .errors import Error
 from .memory import DEFAULT_MAX_MEMORY, format_size
@@ -98,6 +101,29 @@ class Cancelled(Error):
     """The query was stopped before it finished."""
 
     kind = "cancelled"
+
+
+_CANCEL: contextvars.ContextVar[Tuple[threading.Event, ...]] = contextvars.ContextVar("relmql_cancel", default=())
+
+
+@contextlib.contextmanager
+def cancelling(event: Optional[threading.Event]) -> Iterator[None]:
+    """Within this block, ``check_cancelled`` raises once ``event`` is set (a statement's compile,
+    which takes no cancel argument of its own, stops at its next check)."""
+    if event is None:
+        yield
+        return
+    token = _CANCEL.set(_CANCEL.get() + (event,))
+    try:
+        yield
+    finally:
+        _CANCEL.reset(token)
+
+
+def check_cancelled() -> None:
+    """Raise ``Cancelled`` where an enclosing ``cancelling`` block's event is set."""
+    if any(e.is_set() for e in _CANCEL.get()):
+        raise Cancelled("the query was cancelled")
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,29 @@ def test_cancel_from_another_thread(con):
     assert len(con.sql(SMALL + " LIMIT 1").fetchall()) == 1
 
 
+def test_ctrl_c_stops_a_long_compile_in_python(con, monkeypatch):
+    """Ctrl-C (KeyboardInterrupt in the main thread) during a determinization that takes minutes
+    ends it at once, its child process too; the connection goes on."""
+    import _thread
+    import subprocess
+
+    from relmql.automata import primitives
+    children = []
+    popen = subprocess.Popen
+    monkeypatch.setattr(primitives.subprocess, "Popen", lambda *a, **k: children.append(popen(*a, **k)) or children[-1])
+    timer = threading.Timer(1.0, _thread.interrupt_main)
+    start = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            con.sql("EXPLAIN MATCHING '(a|b)*a(a|b){20}' USING max_states 3000000")
+    finally:
+        timer.cancel()
+    assert time.monotonic() - start < 20  # the compile alone takes minutes
+    assert len(children) == 1 and children[0].returncode is not None
+    assert len(con.sql(SMALL + " LIMIT 1").fetchall()) == 1
+
+
 # -- pandas
 
 def test_df_with_pandas(con):
@@ -339,6 +362,35 @@ def test_each_row_is_handed_out_with_the_progress_bar_cleared(con, monkeypatch):
         # ...and is off the screen, the cursor at the start of its line, as the row is handed out
         assert raw.endswith("\r") and _current_line(raw).strip() == "", repr(raw[-200:])
     assert _current_line(err.getvalue()).strip() == ""  # closed: nothing left behind
+
+
+def test_the_bar_counts_a_search_s_nodes_before_its_row(monkeypatch):
+    """A search that reads many nodes for a row says how many after each model call, against the
+    bound that would end it: the rows alone would show nothing for minutes."""
+    from relmql import api
+    monkeypatch.setattr(api._Progress, "DELAY", 0)
+    monkeypatch.setattr(api._Progress, "MININTERVAL", 0)
+    con = relmql.connect(model="tiny-gpt2", progress=True)
+    err = _Terminal()
+    monkeypatch.setattr(sys, "stderr", err)
+    rows = con.sql("SELECT text MATCHING '[q-z]{8}' USING batch_size 2, max_nodes 900 LIMIT 2")
+    first = rows.fetchone()
+    before = err.getvalue()
+    second = rows.fetchone()
+    assert first and second
+    noted = re.findall(r"([\d,]+) nodes of max_nodes 900, ([\d,]+) of max_nodes_per_row 10,000 for row (\d)", before)
+    counts = list(dict.fromkeys(int(n.replace(",", "")) for n, _, _ in noted))  # each drawn once or more
+    assert len(counts) >= 3 and counts == sorted(counts) and counts[-1] <= 900  # one a model call
+    assert all(row == "1" and since == n for n, since, row in noted)  # the first row's: every node so far
+    after = re.findall(r"([\d,]+) nodes of max_nodes 900, ([\d,]+) of max_nodes_per_row 10,000 for row (\d)",
+                       err.getvalue()[len(before):])
+    assert after and all(row == "2" for _, _, row in after)
+    n, since, _ = after[-1]
+    assert int(n.replace(",", "")) - int(since.replace(",", "")) >= counts[-1]  # counted from the first row on
+    quiet = io.StringIO()  # not a terminal: no bar, no count
+    monkeypatch.setattr(sys, "stderr", quiet)
+    assert con.sql("SELECT text MATCHING '[q-z]{8}' USING batch_size 2 LIMIT 2").fetchall() == [first, second]
+    assert quiet.getvalue() == ""
 
 
 def test_a_result_that_failed_fails_every_later_read(con):

@@ -116,3 +116,58 @@ def test_many_edits_are_refused_in_proportion_to_their_cost():
                                            r"query need more than 500 states \(max_states / 4\)") as info:
         compile_language(LanguageSpec("The cat sat", edits=64, max_states=2000))
     assert "max_states" in info.value.hint
+
+
+# -- a large determinization runs apart, where a cancel can stop it
+
+def _last_but(n: int, alphabet: str = "ab"):
+    """An acceptor of the strings whose n-th symbol from the end is 'a' (as nondeterministic as
+    acceptors come: its deterministic automaton has 2^(n+1) states)."""
+    import pynini
+    sigma = pynini.union(*alphabet)
+    fst = pynini.closure(sigma) + "a"
+    for _ in range(n):
+        fst = fst + sigma
+    return fst.rmepsilon().connect()
+
+
+def test_a_determinization_done_apart_is_the_one_done_here(monkeypatch):
+    """``determinized`` in a child process (past IN_PROCESS_STATES) gives the automaton OpenFST
+    gives in this process, state for state, and the same over-limit answer."""
+    import pynini
+    from relmql.automata import primitives
+    def arcs(fst):  # the automaton state for state, arc for arc
+        return fst.start(), [(str(fst.final(s)), [(a.ilabel, a.nextstate) for a in fst.arcs(s)]) for s in fst.states()]
+
+    fsts = [_last_but(8), _last_but(3, "abc"), pynini.union(_last_but(2), _last_but(5) + "q").rmepsilon()]
+    here = [pynini.determinize(f, nstate=100_001).minimize() for f in fsts]  # as optimize does it here
+    apart = []
+    real = primitives._determinized_apart
+    monkeypatch.setattr(primitives, "IN_PROCESS_STATES", 3)
+    monkeypatch.setattr(primitives, "_determinized_apart", lambda f, n: apart.append(n) or real(f, n))
+    for fst, want in zip(fsts, here):
+        got = primitives.determinized(fst, 100_000)
+        assert arcs(got) == arcs(want) and pynini.equivalent(got, pynini.determinize(fst))
+        assert primitives.determinized(fst, 6).num_states() == 7  # over the limit: its first limit + 1 states
+    assert apart == [100_000, 6] * len(fsts)  # every one went to a child
+
+
+def test_a_cancel_kills_a_long_determinization(monkeypatch):
+    """A 2,097,152-state determinization takes minutes: a cancel a second in ends it with
+    Cancelled, and its child process with it (OpenFST holds the GIL and has no cancel point)."""
+    import threading
+
+    from relmql.automata import primitives
+    from relmql.records import Cancelled, cancelling
+    children = []
+    popen = subprocess.Popen
+    monkeypatch.setattr(primitives.subprocess, "Popen", lambda *a, **k: children.append(popen(*a, **k)) or children[-1])
+    stop = threading.Event()
+    timer = threading.Timer(1.0, stop.set)
+    timer.start()
+    try:
+        with cancelling(stop), pytest.raises(Cancelled, match="cancelled"):
+            primitives.optimize(_last_but(20), 3_000_000)
+    finally:
+        timer.cancel()
+    assert len(children) == 1 and children[0].returncode is not None  # killed, and waited for

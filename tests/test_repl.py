@@ -385,6 +385,24 @@ def test_ctrl_c_cancels_the_running_query_and_keeps_the_shell(con):
     assert "Traceback" not in screen
 
 
+def test_ctrl_c_stops_a_long_compile(con):
+    """EXPLAIN of a pattern whose automaton takes minutes to build (2,097,152 states, under a
+    raised max_states): Ctrl-C ends it within seconds, and the shell goes on."""
+    def script(send, screen):
+        time.sleep(1.5)  # into the determinization
+        _thread.interrupt_main()
+        assert screen.wait_for(lambda s: "cancelled" in s, timeout=30), screen.text[-2000:]
+        send("SELECT text MATCHING 'a(b|c)';\r")
+        assert screen.wait_for(lambda s: "(2 rows)" in s, timeout=8)
+
+    start = time.monotonic()
+    code, screen = drive(con, "EXPLAIN MATCHING '(a|b)*a(a|b){20}' USING max_states 3000000;\r", script)
+    assert code == 0
+    assert time.monotonic() - start < 20  # the compile alone takes minutes
+    assert "(2 rows)" in screen.split("cancelled", 1)[1]
+    assert "Traceback" not in screen and "strings" not in screen  # no plan was shown
+
+
 def test_unexpected_failures_are_one_line_not_a_traceback(con, monkeypatch):
     def broken(*args):
         raise RuntimeError("boom")

@@ -11,7 +11,7 @@ import numpy as np
 import pynini
 
 from ..errors import CompileError, Error
-from ..records import DEFAULT_MAX_STATES, EDIT_SCOPES, PRINTABLE_ASCII
+from ..records import DEFAULT_MAX_STATES, EDIT_SCOPES, PRINTABLE_ASCII, Cancelled
 from . import regex as rx
 from .bytedfa import SPLIT_COL, ByteDFA, count_strings, prepend_split, to_dfa
 from .primitives import intersect, optimize
@@ -60,6 +60,8 @@ def _pattern_fst(pattern: str, role: str, max_states: int) -> pynini.Fst:
     try:
         check_source(pattern, max_states)
         fst = regex_fst(rx.parse(pattern), max_states)
+    except Cancelled:
+        raise  # the user's doing, not the pattern's
     except Error as e:
         e.role = role
         raise

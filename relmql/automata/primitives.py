@@ -9,13 +9,18 @@ of a final state until it is moved into ``ByteDFA.final``.
 from __future__ import annotations
 
 import functools
+import os
 import struct
+import subprocess
+import sys
+import tempfile
 from typing import Optional, Tuple
 
 import numpy as np
 import pynini
 
 from ..errors import CompileError
+from ..records import check_cancelled
 from .charset import CodepointSet, utf8_sequences
 
 EPS = 0
@@ -25,6 +30,7 @@ NBYTES = 256
 
 ONE = pynini.Weight.one("tropical")
 SUBSET_BUDGET = 100  # subset-construction elements per allowed state, in repetitions
+IN_PROCESS_STATES = 2_000  # a larger determinization is redone in a child process (``determinized``)
 
 
 def lab(byte: int) -> int:
@@ -135,6 +141,7 @@ def optimize(fst: pynini.Fst, max_states: int, span=None, source: Optional[str] 
     (``minimal``: the caller knows that a deterministic result is minimal already; ``copies``:
     the acceptor chains that many copies of one item, and a state of the subset construction
     holds about one state per copy, so its memory is bounded to ``SUBSET_BUDGET * max_states``)."""
+    check_cancelled()
     fst = fst.rmepsilon().connect()
     if fst.properties(pynini.I_DETERMINISTIC, True) == pynini.I_DETERMINISTIC:
         det = fst  # e.g. bounded repetitions of a character class
@@ -142,16 +149,70 @@ def optimize(fst: pynini.Fst, max_states: int, span=None, source: Optional[str] 
             if det.num_states() > max_states:
                 raise _over(max_states, span, source)
             return det
-    else:
-        affordable = SUBSET_BUDGET * max_states // copies if copies else max_states
-        det = pynini.determinize(fst, nstate=min(max_states, affordable) + 1)
-        if affordable < max_states and det.num_states() > affordable:
-            raise CompileError("this repetition is too costly to build (a string can be split into its "
-                               "copies in too many ways)", span, source,
-                               hint="lower the repetition counts, or raise the limit (max_states)")
+        if det.num_states() > max_states:
+            raise _over(max_states, span, source)
+        return det.minimize()
+    affordable = SUBSET_BUDGET * max_states // copies if copies else max_states
+    det = determinized(fst, min(max_states, affordable))
+    if affordable < max_states and det.num_states() > affordable:
+        raise CompileError("this repetition is too costly to build (a string can be split into its "
+                           "copies in too many ways)", span, source,
+                           hint="lower the repetition counts, or raise the limit (max_states)")
     if det.num_states() > max_states:
         raise _over(max_states, span, source)
-    return det.minimize()
+    return det
+
+
+# In a child process: the acceptor in argv[1] determinized (at most argv[3] + 1 states) and, within
+# argv[3] states, minimized, written to argv[2]. Only pynini is imported: it starts in ~0.1 s.
+_CHILD = """import sys, pynini
+fst, limit = pynini.Fst.read(sys.argv[1]), int(sys.argv[3])
+det = pynini.determinize(fst, nstate=limit + 1)
+(det if det.num_states() > limit else det.minimize()).write(sys.argv[2])
+"""
+
+
+def determinized(fst: pynini.Fst, limit: int) -> pynini.Fst:
+    """``fst`` determinized and minimized, or where that has more than ``limit`` states, its first
+    ``limit + 1`` unminimized. OpenFST holds the GIL and has no cancel point, and a large subset
+    construction takes minutes, so one that outgrows ``IN_PROCESS_STATES`` here is redone in a
+    child process, which a cancelled statement (``records.cancelling``) or Ctrl-C kills."""
+    det = pynini.determinize(fst, nstate=min(limit, IN_PROCESS_STATES) + 1)
+    if limit > IN_PROCESS_STATES and det.num_states() > IN_PROCESS_STATES:
+        apart = _determinized_apart(fst, limit)
+        if apart is not None:
+            return apart
+        det = pynini.determinize(fst, nstate=limit + 1)
+    return det if det.num_states() > limit else det.minimize()
+
+
+def _determinized_apart(fst: pynini.Fst, limit: int) -> Optional[pynini.Fst]:
+    """``determinized`` in a child process, checking for a cancel every 50 ms while it runs; None
+    where no child could do it (no interpreter to start, or it failed: the caller does it here)."""
+    if not sys.executable:
+        return None
+    with tempfile.TemporaryDirectory(prefix="relmql-") as tmp:
+        src, dst = os.path.join(tmp, "in.fst"), os.path.join(tmp, "out.fst")
+        fst.write(src)
+        try:
+            child = subprocess.Popen([sys.executable, "-c", _CHILD, src, dst, str(limit)], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except OSError:
+            return None
+        try:
+            while True:
+                try:
+                    child.wait(timeout=0.05)
+                    break
+                except subprocess.TimeoutExpired:
+                    check_cancelled()
+        finally:  # cancelled, Ctrl-C (KeyboardInterrupt in this thread) or an error: the child goes too
+            if child.returncode is None:
+                child.kill()
+                child.wait()
+        if child.returncode != 0 or not os.path.exists(dst):
+            return None
+        return pynini.Fst.read(dst)
 
 
 def _over(max_states: int, span, source) -> CompileError:

@@ -24,8 +24,8 @@ import itertools
 import math
 import sys
 import threading
-from dataclasses import dataclass
-from typing import Generator, Iterator, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Callable, Generator, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -86,14 +86,18 @@ class SearchStats:
     or a prefix reached ``max_tokens`` or ``max_prefix_tokens``, or the text the model's
     context length, where the language went on); ``cut``: the bounds among those
     that cut a way on short in a search that exhausted its language with rows (its rows are
-    every string within the bounds, not every string of the language)."""
+    every string within the bounds, not every string of the language). ``watch(stats, opts)``, when
+    given, is called after each model call (a progress display: ``since_row`` is the nodes
+    expanded since the last row, or since the start)."""
     expanded: int = 0
     prefix: int = 0
     rows: int = 0
+    since_row: int = 0
     held: int = 0
     stop: Optional[Stop] = None
     no_row: Tuple[str, ...] = ()
     cut: Tuple[str, ...] = ()
+    watch: Optional[Callable[["SearchStats", ShortestPath], None]] = field(default=None, repr=False, compare=False)
 
     @property
     def stopped(self) -> bool:
@@ -198,6 +202,9 @@ class ShortestPathSearch:
                     self.stats.stop = stop  # a budget, not an order: rows released so far are exact
                     return
                 self.expand()
+                self.stats.since_row = self.stats.expanded - self.row_at
+                if self.stats.watch is not None:
+                    self.stats.watch(self.stats, self.opts)
         # the language is exhausted under the rules and bounds: say which cut a way on short (a
         # state with an arc of the kind it could not take; BPE's rules may leave a canonical
         # state that the byte automaton reads on from with none). With rows, the rules' cuts are

@@ -16,6 +16,7 @@ import time
 from typing import IO, Callable, Iterator, List, Optional, Tuple
 
 from ..errors import Error
+from ..records import cancelling
 from .commands import run_command
 
 __all__ = ["Shell", "ScriptShell"]
@@ -48,6 +49,7 @@ class _Ticket:
     def __init__(self):
         self.stopped = False
         self.result = None
+        self.event = threading.Event()  # set on cancel: what runs before the Result exists (a compile) checks it
 
     def attach(self, result) -> None:
         self.result = result
@@ -56,6 +58,7 @@ class _Ticket:
 
     def cancel(self) -> None:
         self.stopped = True
+        self.event.set()
         result = self.result
         if result is not None:
             result.cancel()
@@ -233,7 +236,7 @@ class Shell:
         else:
             self.say(f"model: {self.con.settings['model']}")
 
-    def background(self, job, waiting: str = "the current model call to end") -> Tuple[bool, Optional[BaseException]]:
+    def background(self, job, waiting: str = "the current model call or compile step to end") -> Tuple[bool, Optional[BaseException]]:
         """Run ``job(ticket)`` in a worker thread while this thread waits; Ctrl-C cancels it, then
         waits for the worker to stop at its next model call (``waiting``: what it waits for, said
         at the first press where nothing can stop sooner, else at the second). Returns (cancelled,
@@ -244,7 +247,8 @@ class Shell:
 
         def target():
             try:
-                job(ticket)
+                with cancelling(ticket.event):
+                    job(ticket)
             except BaseException as e:  # handed to the main thread, reported there
                 box.append(e)
             finally:
@@ -319,7 +323,7 @@ class ScriptShell(Shell):
         self.failed |= not ok  # a meta-command that failed inside a .read file says so itself
         return ok
 
-    def background(self, job, waiting: str = "the current model call to end") -> Tuple[bool, Optional[BaseException]]:
+    def background(self, job, waiting: str = "the current model call or compile step to end") -> Tuple[bool, Optional[BaseException]]:
         stopped, error = super().background(job, waiting)
         self.cancelled |= stopped
         return stopped, error
