@@ -283,13 +283,17 @@ def test_bad_connect_options_are_clean_errors(options, words):
     assert "Traceback" not in info.value.render()
 
 
-def test_set_refuses_a_model_or_device_that_names_nothing(con):
+def test_set_refuses_a_model_or_device_that_names_nothing(con, tmp_path):
     session = fresh(con)
+    (tmp_path / "file").write_text("")
     for statement, error, words in (("SET model = smolm2", relmql.ModelError, "unknown model 'smolm2'; did you mean"),
+                                    ("SET model = './nodir'", relmql.ModelError, "no model directory './nodir' "),
+                                    (f"SET model = '{tmp_path}/file'", relmql.ModelError, "directory .*: it is a file"),
                                     ("SET device = 'gpu'", PlanError, "device is cpu, cuda, cuda:N or auto")):
         with pytest.raises(error, match=words) as info:  # at the SET, not at every query after it
             session.sql(statement)
-        assert statement[info.value.span[0]:info.value.span[1]] in ("smolm2", "'gpu'")
+        assert statement[info.value.span[0]:info.value.span[1]] in ("smolm2", "'gpu'", "'./nodir'",
+                                                                    f"'{tmp_path}/file'")
     assert session.settings["model"] == "tiny-gpt2" and session.settings["device"] == con.settings["device"]
     with pytest.raises(relmql.ModelError, match="unknown model 'nosuch'"):
         relmql.connect(model="nosuch")

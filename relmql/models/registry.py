@@ -47,7 +47,12 @@ def load_model(name: str = DEFAULT_MODEL, device: Optional[str] = None, dtype: O
 
 def check_model_name(name: str) -> None:
     """A ``ModelError`` for a name that ``load_model`` cannot take, without loading anything:
-    one neither built in, nor a hub alias, a local directory or a hub id (``owner/name``)."""
+    one neither built in, nor a hub alias, a local directory or a hub id (``owner/name``); a path
+    (``/``, ``./``, ``../``) that is no directory."""
+    if name.startswith(("/", "./", "../")) and not os.path.isdir(name):
+        raise ModelError(f"no model directory {name!r}" + (": it is a file" if os.path.exists(name) else ""),
+                         hint="give the folder that holds the model's config.json and tokenizer files, "
+                              "a built-in model's name or a Hugging Face model id")
     if name in BUILTIN or name in HUB_ALIASES or os.path.isdir(name) or "/" in name:
         return
     near = closest(name, BUILTIN_MODELS + tuple(HUB_ALIASES))
