@@ -419,6 +419,14 @@ def test_history_is_saved_and_up_recalls_it(con, tmp_path):
     assert "(1 row)" in screen
 
 
+def test_enter_on_a_statement_found_with_ctrl_r_runs_it(con, tmp_path):
+    drive(con, "SELECT text MATCHING 'a(b|c)' LIMIT 1;\rSELECT text MATCHING 'a(b|c)'\r  LIMIT 2;\r" + CTRL_D)
+    _, screen = drive(con, "\x12b|c)' LIMIT 1\r\x03" + CTRL_D)  # Ctrl-R, the text to find, one Enter
+    assert screen.count("(1 row)") == 1 and "(2 rows)" not in screen
+    _, screen = drive(con, "\x12  LIMIT 2\r\x03" + CTRL_D)  # a statement of two lines runs too
+    assert "(2 rows)" in screen
+
+
 def test_history_falls_back_to_memory(con, tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("")

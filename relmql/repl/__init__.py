@@ -56,6 +56,7 @@ def should_submit(text: str) -> bool:
 
 
 def _key_bindings(session_buffer):
+    from prompt_toolkit import search
     from prompt_toolkit.filters import Condition, completion_is_selected, is_searching
     from prompt_toolkit.key_binding import KeyBindings
     kb = KeyBindings()
@@ -69,6 +70,14 @@ def _key_bindings(session_buffer):
             Condition(lambda: should_submit(session_buffer().text)))
     def _submit(event):
         event.current_buffer.validate_and_handle()
+
+    @kb.add("enter", filter=is_searching)
+    def _run_found(event):
+        # Enter on a statement found with Ctrl-R runs it, as in psql and bash; an unfinished one
+        # is left to edit
+        search.accept_search()
+        if should_submit(session_buffer().text):
+            session_buffer().validate_and_handle()
 
     return kb
 
