@@ -241,6 +241,17 @@ def test_numbers_in_tables_are_never_cut(con):
     assert "…" not in screen
 
 
+def test_a_narrow_screen_cuts_text_not_numbers_and_keeps_the_borders(con):
+    """SHOW OPTIONS on 44 columns: max_memory's 2147483648 needs 10 columns in two of them, so
+    text columns give way first; where even that cannot fit, every line of the box is as long."""
+    for columns in (44, 60):
+        _, screen = drive(con, "SHOW OPTIONS;\r" + CTRL_D, columns=columns)
+        table = [line for line in screen.splitlines() if line.startswith(("│", "┌", "├", "└"))]
+        assert len({len(line) for line in table}) == 1, columns  # the borders line up
+        assert screen.count("2147483648") == 2
+        assert len(table[0]) <= max(columns, 4 * 13 + 1)  # text down to 8 columns; numbers whole
+
+
 def test_help_lists_every_command(con):
     _, screen = drive(con, ".help\r.help mode\r" + CTRL_D)
     listing = screen.split(".help\n", 1)[1]

@@ -96,9 +96,16 @@ def render_table(columns: Sequence[str], rows: Sequence[tuple], max_rows: Option
     cells = [[format_value(v) for v in r] for r in shown]
     widths = [max([display_width(c)] + [display_width(r[i]) for r in cells]) for i, c in enumerate(columns)]
     budget = max_width - (3 * len(columns) + 1)
-    while sum(widths) > budget and max(widths) > 8:
-        i = widths.index(max(widths))
-        widths[i] = max(8, widths[i] - max(1, sum(widths) - budget))
+    # a column is never cut below 8, nor below its widest number (numbers are never cut: the
+    # border after them would move); a table that cannot fit then runs past the screen, as psql's
+    floors = [max([8] + [display_width(c[i]) for c, r in zip(cells, shown) if _numeric(r[i])])
+              for i in range(len(columns))]
+    while sum(widths) > budget:
+        over = [w - f for w, f in zip(widths, floors)]
+        if max(over) <= 0:
+            break
+        i = widths.index(max(w for w, o in zip(widths, over) if o > 0))
+        widths[i] = max(floors[i], widths[i] - max(1, sum(widths) - budget))
     numeric = [bool(shown) and all(_numeric(r[i]) or r[i] is None for r in shown) for i in range(len(columns))]
     out = [_line(widths, "┌", "┬", "┐"), _cells([format_value(c, w) for c, w in zip(columns, widths)], widths,
                                                 [False] * len(widths)),
