@@ -444,6 +444,8 @@ def test_history_falls_back_to_memory(con, tmp_path, monkeypatch):
     monkeypatch.setenv("RELMQL_HISTORY", str(blocker / "history"))  # a directory that cannot exist
     code, screen = drive(con, "SELECT text MATCHING 'ab';\r" + CTRL_D)
     assert code == 0 and "(1 row)" in screen
+    assert f"history is kept for this session only: cannot write {blocker / 'history'} (File exists: {blocker})" \
+        in screen
 
 
 def test_enter_submits_only_complete_input():

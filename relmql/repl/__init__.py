@@ -34,15 +34,19 @@ def history_path() -> str:
 
 
 def _history():
+    """The history file's, or where it cannot be written, one kept in memory and why (else None)."""
     from prompt_toolkit.history import FileHistory, InMemoryHistory
     path = history_path()
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "ab"):
             pass
-        return FileHistory(path)
-    except OSError:
-        return InMemoryHistory()
+        return FileHistory(path), None
+    except OSError as e:
+        why = e.strerror or str(e)
+        if e.filename and os.path.abspath(e.filename) != os.path.abspath(path):  # a folder on the way
+            why += f": {e.filename}"
+        return InMemoryHistory(), f"history is kept for this session only: cannot write {path} ({why})"
 
 
 def should_submit(text: str) -> bool:
@@ -119,11 +123,12 @@ def run_repl(con, input=None, output=None, stdout: Optional[IO[str]] = None,
     except Error as e:
         shell.report(e)
         return 1
+    history, unsaved = _history()
     session: PromptSession = None  # type: ignore[assignment]
     session = PromptSession(
         PROMPT, multiline=True, prompt_continuation=CONTINUATION,
         lexer=PygmentsLexer(RelmqlLexer), completer=RelmqlCompleter.for_connection(con, names()),
-        history=_history(), enable_history_search=True, search_ignore_case=True,
+        history=history, enable_history_search=True, search_ignore_case=True,
         auto_suggest=AutoSuggestFromHistory(), enable_suspend=True,
         key_bindings=_key_bindings(lambda: session.default_buffer),
         input=input, output=output)
@@ -132,6 +137,8 @@ def run_repl(con, input=None, output=None, stdout: Optional[IO[str]] = None,
               "Enter .help for the commands; Ctrl-D exits.")
     if results is not None:
         shell.say(f"results go to {results} ({shell.mode}); .output brings them back here")
+    if unsaved:
+        shell.warn(unsaved)
     try:
         while not shell.done:
             try:
