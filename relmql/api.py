@@ -455,7 +455,7 @@ class Connection:
                 result.approximate = approximate(ref.dtype, ref.device)
             bar = _Progress(self.progress)
             steps = run(p, self.model, result.cancelled, bar.update, bar.total,
-                        rows=remote.rows if remote is not None else None, stops=result.stops, on_nodes=bar.note)
+                        rows=remote.rows if remote is not None else None, stops=result.stops, on_note=bar.note)
             own = keeping(result.notes)  # each step keeps its notes in this result's list
             try:
                 while True:

@@ -190,7 +190,7 @@ def match_regex(plan: QueryPlan):
 def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event] = None,
                progress: Optional[Callable[[int], None]] = None, stopped: Optional[list] = None,
                masses: Optional[list] = None, on_total: Optional[Callable[..., None]] = None,
-               no_row: Optional[list] = None, on_nodes: Optional[Callable[[str], None]] = None) -> Iterator[RowEnv]:
+               no_row: Optional[list] = None, on_note: Optional[Callable[[str], None]] = None) -> Iterator[RowEnv]:
     """The result rows of one query that pass its WHERE, up to its LIMIT. A search that a bound
     stopped (``Stop``) is warned about on stderr, or appended to ``stopped`` when given; one that
     found no row because the decoding rules or the token bounds cut it short is noted on stderr
@@ -200,15 +200,16 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
     measures its language (probability()) appends how to ``masses`` and tells ``on_total`` how
     many sequences or draws it will read (``progress`` counts them); its rows include rows that
     only count (``row.miss``: a prefix path, a draw that found no string or that WHERE left out),
-    which ``run`` keeps out of the groups. ``on_nodes(text)`` is told after each model call of a
-    search how far it has gone (``nodes_note``), for a progress display before a row is found."""
+    which ``run`` keeps out of the groups. ``on_note(text)``, for a progress display before a row
+    is found, is told while the automaton compiles, and after each model call of a search how far
+    it has gone (``nodes_note``)."""
     model = load(plan, models)
-    automaton = compile_plan(plan, model, cancel)
+    automaton = compile_plan(plan, model, cancel, on_note)
     regex = match_regex(plan)
     if plan.limit == 0:
         return
     emitted = 0
-    stats = SearchStats(watch=None if on_nodes is None else lambda s, opts: on_nodes(nodes_note(s, opts)))
+    stats = SearchStats(watch=None if on_note is None else lambda s, opts: on_note(nodes_note(s, opts)))
     mass = None
     if isinstance(plan.traversal, Measure):
         mass, rows = measure(automaton, model, plan.decoding, plan.traversal, cancel, stats)
@@ -338,16 +339,22 @@ def load(plan: QueryPlan, models: Models) -> LanguageModel:
         raise
 
 
-def compile_plan(plan: QueryPlan, model: LanguageModel, cancel: Optional[threading.Event] = None):
+def compile_plan(plan: QueryPlan, model: LanguageModel, cancel: Optional[threading.Event] = None,
+                 on_note: Optional[Callable[[str], None]] = None):
     """The token automaton of ``plan`` on ``model``'s vocabulary, errors placed in the query text;
-    ``cancel`` stops the compile at its next check (a large determinization at once)."""
+    ``cancel`` stops the compile at its next checkpoint (a large determinization at once), where
+    ``on_note`` is told that it is compiling (a progress display's note; cleared once it is done)."""
+    tick = None if on_note is None else lambda: on_note("compiling the automaton")
     try:
-        with cancelling(cancel):
+        with cancelling(cancel, tick):
             automaton = compile(plan.matching, model.vocabulary, plan.prefix, plan.compile)
     except Error as e:
         if e.role:  # MATCHING, PREFIX, a WHERE filter, or the filters together
             raise plan.source_error(e) from None
         raise
+    finally:
+        if on_note is not None:
+            on_note("")
     for w in automaton.warnings:
         say(f"warning: {w}")
     return automaton
@@ -366,10 +373,10 @@ def _eval(node, env, source, condition: bool = False):
 def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
         progress: Optional[Callable[[int], None]] = None, on_total: Optional[Callable[[int], None]] = None,
         rows: Optional[Callable[..., Iterator[Env]]] = None, stops: Optional[List[Stop]] = None,
-        on_nodes: Optional[Callable[[str], None]] = None) -> Iterator[tuple]:
+        on_note: Optional[Callable[[str], None]] = None) -> Iterator[tuple]:
     """Output tuples of ``plan``. ``progress(n)`` is told of each result row (or data row);
-    ``on_total(n)`` of how many there will be, when that is known; ``on_nodes(text)`` of how far
-    the search for the next row has gone, after each model call (in this process). ``rows(cancel, progress,
+    ``on_total(n)`` of how many there will be, when that is known; ``on_note(text)`` of the
+    compile, and of how far the search for the next row has gone (in this process). ``rows(cancel, progress,
     on_total, masses, stops)``: where the result rows come from instead of this process (the Ray
     engine's ``Statement.rows``). ``stops`` collects the ``Stop`` of each search (of each data
     row) that a bound ended; they are also warned about on stderr."""
@@ -380,9 +387,9 @@ def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
     if rows is not None:
         envs = rows(cancel, progress, on_total, masses, stops)
     elif isinstance(plan, DatasetPlan):
-        envs = _dataset_rows(plan, models, cancel, progress, on_total, masses, stops, on_nodes)
+        envs = _dataset_rows(plan, models, cancel, progress, on_total, masses, stops, on_note)
     else:
-        envs = _warned(query_rows(plan, models, cancel, progress, stops, masses, on_total, on_nodes=on_nodes), stops)
+        envs = _warned(query_rows(plan, models, cancel, progress, stops, masses, on_total, on_note=on_note), stops)
     outputs = plan.outputs
     if not plan.aggregate:
         for env in envs:
@@ -598,7 +605,7 @@ def in_data_row(e: Error, plan: DatasetPlan, number) -> Error:
 
 
 def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total, masses, stopped,
-                  on_nodes=None) -> Iterator[Env]:
+                  on_note=None) -> Iterator[Env]:
     selected = selected_rows(plan)
     if not selected:
         say(f"note: no data rows to run in {plan.path}" + (" (after its WHERE)" if plan.row_where is not None
@@ -615,7 +622,7 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total,
         try:
             qplan = plan_row(plan, data)
             for env in query_rows(qplan, models, cancel, stopped=stopped, masses=masses, no_row=empty,
-                                  on_nodes=on_nodes):
+                                  on_note=on_note):
                 found = True
                 yield env
         except Error as e:

@@ -15,7 +15,7 @@ import contextvars
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from .errors import Error
 from .memory import DEFAULT_MAX_MEMORY, format_size
@@ -103,27 +103,33 @@ class Cancelled(Error):
     kind = "cancelled"
 
 
-_CANCEL: contextvars.ContextVar[Tuple[threading.Event, ...]] = contextvars.ContextVar("relmql_cancel", default=())
+_SCOPES: contextvars.ContextVar[tuple] = contextvars.ContextVar("relmql_cancel", default=())
 
 
 @contextlib.contextmanager
-def cancelling(event: Optional[threading.Event]) -> Iterator[None]:
-    """Within this block, ``check_cancelled`` raises once ``event`` is set (a statement's compile,
-    which takes no cancel argument of its own, stops at its next check)."""
-    if event is None:
+def cancelling(event: Optional[threading.Event], tick: Optional[Callable[[], None]] = None) -> Iterator[None]:
+    """Within this block, ``checkpoint`` raises once ``event`` is set (a statement's compile, which
+    takes no cancel argument of its own, stops at its next checkpoint) and calls ``tick`` (a
+    progress display's redraw: a compile runs for minutes between model calls)."""
+    if event is None and tick is None:
         yield
         return
-    token = _CANCEL.set(_CANCEL.get() + (event,))
+    token = _SCOPES.set(_SCOPES.get() + ((event, tick),))
     try:
         yield
     finally:
-        _CANCEL.reset(token)
+        _SCOPES.reset(token)
 
 
-def check_cancelled() -> None:
-    """Raise ``Cancelled`` where an enclosing ``cancelling`` block's event is set."""
-    if any(e.is_set() for e in _CANCEL.get()):
+def checkpoint() -> None:
+    """Raise ``Cancelled`` where an enclosing ``cancelling`` block's event is set; else tell its
+    ``tick`` that the work goes on."""
+    scopes = _SCOPES.get()
+    if any(e is not None and e.is_set() for e, _ in scopes):
         raise Cancelled("the query was cancelled")
+    for _, tick in scopes:
+        if tick is not None:
+            tick()
 
 
 @dataclass(frozen=True)

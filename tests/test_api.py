@@ -397,6 +397,23 @@ def test_the_bar_counts_a_search_s_nodes_before_its_row(monkeypatch):
     assert quiet.getvalue() == ""
 
 
+def test_the_bar_says_when_the_automaton_compiles(monkeypatch):
+    """A compile runs for minutes under a raised max_states, with no model call: the bar says so,
+    and says it no more once the search has begun."""
+    from relmql import api
+    monkeypatch.setattr(api._Progress, "DELAY", 0)
+    monkeypatch.setattr(api._Progress, "MININTERVAL", 0)
+    con = relmql.connect(model="tiny-gpt2", progress=True)
+    err = _Terminal()
+    monkeypatch.setattr(sys, "stderr", err)
+    rows = con.sql("SELECT text MATCHING '(a|b)*b(a|b){12}' USING max_states 1000000, batch_size 2 LIMIT 1")
+    assert len(rows.fetchall()) == 1
+    out = err.getvalue()
+    assert "compiling the automaton]" in out
+    last = out.rindex("compiling the automaton]")
+    assert "nodes, " in out[last:] and "compiling" not in out[out.index("nodes, ", last):]
+
+
 def test_a_result_that_failed_fails_every_later_read(con):
     """An error, cancel() or Ctrl-C part way: no later read passes the rows so far off as all."""
     r = con.sql("SELECT text MATCHING 'zq[0-9]{6}' USING sampling exact, max_draws 1 SAMPLE 20")

@@ -10,7 +10,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import pynini
 
-from ..records import check_cancelled
+from ..records import checkpoint
 from .primitives import NBYTES, SPLIT, TAG, fst_arrays
 
 SPLIT_COL = 256  # column of SPLIT in ByteDFA.delta
@@ -71,7 +71,7 @@ class ByteDFA:
 
 def to_dfa(fst: pynini.Fst) -> ByteDFA:
     """Convert an optimized acceptor (labels: bytes, SPLIT, TAG+j) into a ``ByteDFA``."""
-    check_cancelled()
+    checkpoint()
     n = fst.num_states()
     if n == 0 or fst.start() < 0:
         return ByteDFA(np.zeros((1, NBYTES + 1), np.int32), np.full(1, -1, np.int16))
@@ -108,7 +108,7 @@ def trim(dfa: ByteDFA) -> ByteDFA:
     n = dfa.num_states
     # depth-first from the final states along reversed arcs
     src, tgt, _ = _edges(dfa)
-    check_cancelled()  # a large automaton's arcs take seconds
+    checkpoint()  # a large automaton's arcs take seconds
     order = np.argsort(tgt, kind="stable")
     rsrc = src[order].tolist()
     bounds = np.searchsorted(tgt[order], np.arange(n + 1)).tolist()

@@ -20,7 +20,7 @@ import numpy as np
 import pynini
 
 from ..errors import CompileError
-from ..records import check_cancelled
+from ..records import checkpoint
 from .charset import CodepointSet, utf8_sequences
 
 EPS = 0
@@ -141,7 +141,7 @@ def optimize(fst: pynini.Fst, max_states: int, span=None, source: Optional[str] 
     (``minimal``: the caller knows that a deterministic result is minimal already; ``copies``:
     the acceptor chains that many copies of one item, and a state of the subset construction
     holds about one state per copy, so its memory is bounded to ``SUBSET_BUDGET * max_states``)."""
-    check_cancelled()
+    checkpoint()
     fst = fst.rmepsilon().connect()
     if fst.properties(pynini.I_DETERMINISTIC, True) == pynini.I_DETERMINISTIC:
         det = fst  # e.g. bounded repetitions of a character class
@@ -205,7 +205,7 @@ def _determinized_apart(fst: pynini.Fst, limit: int) -> Optional[pynini.Fst]:
                     child.wait(timeout=0.05)
                     break
                 except subprocess.TimeoutExpired:
-                    check_cancelled()
+                    checkpoint()
         finally:  # cancelled, Ctrl-C (KeyboardInterrupt in this thread) or an error: the child goes too
             if child.returncode is None:
                 child.kill()

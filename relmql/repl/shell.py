@@ -42,6 +42,9 @@ def _interrupts(record: Callable[[int], None]):
         signal.signal(signal.SIGINT, old if old is not None else signal.default_int_handler)
 
 
+WAITING = "the current model call or compile step to end"  # what a cancelled statement waits for
+
+
 class _Ticket:
     """The link between the waiting main thread and the worker: ``cancel()`` from the main thread
     cancels the statement's ``Result`` whether or not the worker has made it yet."""
@@ -236,7 +239,7 @@ class Shell:
         else:
             self.say(f"model: {self.con.settings['model']}")
 
-    def background(self, job, waiting: str = "the current model call or compile step to end") -> Tuple[bool, Optional[BaseException]]:
+    def background(self, job, waiting: str = WAITING) -> Tuple[bool, Optional[BaseException]]:
         """Run ``job(ticket)`` in a worker thread while this thread waits; Ctrl-C cancels it, then
         waits for the worker to stop at its next model call (``waiting``: what it waits for, said
         at the first press where nothing can stop sooner, else at the second). Returns (cancelled,
@@ -323,7 +326,7 @@ class ScriptShell(Shell):
         self.failed |= not ok  # a meta-command that failed inside a .read file says so itself
         return ok
 
-    def background(self, job, waiting: str = "the current model call or compile step to end") -> Tuple[bool, Optional[BaseException]]:
+    def background(self, job, waiting: str = WAITING) -> Tuple[bool, Optional[BaseException]]:
         stopped, error = super().background(job, waiting)
         self.cancelled |= stopped
         return stopped, error
