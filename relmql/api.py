@@ -564,9 +564,10 @@ class _Progress:
         last MININTERVAL: a search between rows calls no ``update``, and may run for minutes."""
         if self.bar is None:
             return
+        cleared = not text and self.bar.postfix  # a note that is over goes at once (the compile's)
         self.bar.set_postfix_str(text, refresh=False)
         now = time.monotonic()
-        if not self.hidden and now - self._t0 >= self.DELAY and now - self._noted >= self.MININTERVAL:
+        if not self.hidden and now - self._t0 >= self.DELAY and (cleared or now - self._noted >= self.MININTERVAL):
             self._noted = now
             self.bar.refresh()
             self.shown = True

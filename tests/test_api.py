@@ -153,12 +153,11 @@ def test_ctrl_c_stops_a_long_compile_in_python(con, monkeypatch):
     """Ctrl-C (KeyboardInterrupt in the main thread) during a determinization that takes minutes
     ends it at once, its child process too; the connection goes on."""
     import _thread
-    import subprocess
 
     from relmql.automata import primitives
     children = []
-    popen = subprocess.Popen
-    monkeypatch.setattr(primitives.subprocess, "Popen", lambda *a, **k: children.append(popen(*a, **k)) or children[-1])
+    spawn = primitives._spawn
+    monkeypatch.setattr(primitives, "_spawn", lambda args: children.append(spawn(args)) or children[-1])
     timer = threading.Timer(1.0, _thread.interrupt_main)
     start = time.monotonic()
     timer.start()

@@ -136,6 +136,7 @@ def test_a_determinization_done_apart_is_the_one_done_here(monkeypatch):
     gives in this process, state for state, and the same over-limit answer."""
     import pynini
     from relmql.automata import primitives
+
     def arcs(fst):  # the automaton state for state, arc for arc
         return fst.start(), [(str(fst.final(s)), [(a.ilabel, a.nextstate) for a in fst.arcs(s)]) for s in fst.states()]
 
@@ -144,12 +145,21 @@ def test_a_determinization_done_apart_is_the_one_done_here(monkeypatch):
     apart = []
     real = primitives._determinized_apart
     monkeypatch.setattr(primitives, "IN_PROCESS_STATES", 3)
-    monkeypatch.setattr(primitives, "_determinized_apart", lambda f, n: apart.append(n) or real(f, n))
+    monkeypatch.setattr(primitives, "_determinized_apart", lambda f, n: apart.append(real(f, n)) or apart[-1])
     for fst, want in zip(fsts, here):
         got = primitives.determinized(fst, 100_000)
         assert arcs(got) == arcs(want) and pynini.equivalent(got, pynini.determinize(fst))
         assert primitives.determinized(fst, 6).num_states() == 7  # over the limit: its first limit + 1 states
-    assert apart == [100_000, 6] * len(fsts)  # every one went to a child
+    assert len(apart) == 2 * len(fsts) and all(a is not None for a in apart)  # each done by a child
+
+
+def _spied(monkeypatch):
+    """The child processes ``_determinized_apart`` starts, as it starts them."""
+    from relmql.automata import primitives
+    children = []
+    spawn = primitives._spawn
+    monkeypatch.setattr(primitives, "_spawn", lambda args: children.append(spawn(args)) or children[-1])
+    return children
 
 
 def test_a_cancel_kills_a_long_determinization(monkeypatch):
@@ -159,9 +169,7 @@ def test_a_cancel_kills_a_long_determinization(monkeypatch):
 
     from relmql.automata import primitives
     from relmql.records import Cancelled, cancelling
-    children = []
-    popen = subprocess.Popen
-    monkeypatch.setattr(primitives.subprocess, "Popen", lambda *a, **k: children.append(popen(*a, **k)) or children[-1])
+    children = _spied(monkeypatch)
     stop = threading.Event()
     timer = threading.Timer(1.0, stop.set)
     timer.start()
@@ -171,3 +179,22 @@ def test_a_cancel_kills_a_long_determinization(monkeypatch):
     finally:
         timer.cancel()
     assert len(children) == 1 and children[0].returncode is not None  # killed, and waited for
+
+
+def test_a_child_killed_by_a_signal_is_an_error_not_a_redo_here(monkeypatch):
+    """A child the kernel kills (out of memory, most likely) is not redone in this process, where
+    the same work could take the session down and nothing could stop it."""
+    import signal
+    import threading
+
+    from relmql.automata import primitives
+    from relmql.errors import CompileError
+    children = _spied(monkeypatch)
+    killer = threading.Timer(0.5, lambda: children[0].send_signal(signal.SIGKILL))
+    killer.start()
+    try:
+        with pytest.raises(CompileError, match="stopped by signal 9"):
+            primitives.optimize(_last_but(20), 3_000_000)
+    finally:
+        killer.cancel()
+    assert len(children) == 1

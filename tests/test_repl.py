@@ -252,6 +252,19 @@ def test_a_narrow_screen_cuts_text_not_numbers_and_keeps_the_borders(con):
         assert len(table[0]) <= max(columns, 4 * 13 + 1)  # text down to 8 columns; numbers whole
 
 
+def test_a_table_too_wide_for_its_numbers_still_ends():
+    """A number column as wide as a text column, before it: the text column gives way (the
+    narrowing once picked the number's column, which cannot give, and never ended)."""
+    from relmql.output.format import render_table
+    got = []
+    worker = threading.Thread(target=lambda: got.append(render_table(("n", "t"), [(1234567890, "abcdefghij")],
+                                                                     max_width=20)), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert got, "render_table did not end"
+    assert "│ 1234567890 │ abcdefg… │" in got[0]
+
+
 def test_help_lists_every_command(con):
     _, screen = drive(con, ".help\r.help mode\r" + CTRL_D)
     listing = screen.split(".help\n", 1)[1]

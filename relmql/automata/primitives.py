@@ -30,7 +30,7 @@ NBYTES = 256
 
 ONE = pynini.Weight.one("tropical")
 SUBSET_BUDGET = 100  # subset-construction elements per allowed state, in repetitions
-IN_PROCESS_STATES = 2_000  # a larger determinization is redone in a child process (``determinized``)
+IN_PROCESS_STATES = 20_000  # a larger determinization is redone in a child process (``determinized``)
 
 
 def lab(byte: int) -> int:
@@ -164,8 +164,17 @@ def optimize(fst: pynini.Fst, max_states: int, span=None, source: Optional[str] 
 
 
 # In a child process: the acceptor in argv[1] determinized (at most argv[3] + 1 states) and, within
-# argv[3] states, minimized, written to argv[2]. Only pynini is imported: it starts in ~0.1 s.
-_CHILD = """import sys, pynini
+# argv[3] states, minimized, written to argv[2]. Only pynini is imported (it starts in ~0.1 s); on
+# Linux the child dies with its parent (argv[4]), whatever kills the parent.
+_CHILD = """import os, signal, sys
+try:
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+except Exception:
+    pass
+if os.getppid() != int(sys.argv[4]):
+    sys.exit(3)
+import pynini
 fst, limit = pynini.Fst.read(sys.argv[1]), int(sys.argv[3])
 det = pynini.determinize(fst, nstate=limit + 1)
 (det if det.num_states() > limit else det.minimize()).write(sys.argv[2])
@@ -182,37 +191,48 @@ def determinized(fst: pynini.Fst, limit: int) -> pynini.Fst:
         apart = _determinized_apart(fst, limit)
         if apart is not None:
             return apart
+        checkpoint()  # no child could do it: here, where nothing can stop it, only if not cancelled
         det = pynini.determinize(fst, nstate=limit + 1)
     return det if det.num_states() > limit else det.minimize()
 
 
+def _spawn(args) -> subprocess.Popen:
+    """The child process of ``_determinized_apart``, in a session of its own: a Ctrl-C at the
+    terminal reaches this process, which then kills the child, rather than the child alone."""
+    return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
 def _determinized_apart(fst: pynini.Fst, limit: int) -> Optional[pynini.Fst]:
-    """``determinized`` in a child process, checking for a cancel every 50 ms while it runs; None
-    where no child could do it (no interpreter to start, or it failed: the caller does it here)."""
+    """``determinized`` in a child process, at a checkpoint every 50 ms while it runs; None where
+    no child could do it (no interpreter, no room for its files, a failed start): the caller
+    does it here. A child killed by a signal (the kernel's, out of memory) is a ``CompileError``:
+    done here, the same work would take this process down."""
     if not sys.executable:
         return None
     with tempfile.TemporaryDirectory(prefix="relmql-") as tmp:
         src, dst = os.path.join(tmp, "in.fst"), os.path.join(tmp, "out.fst")
-        fst.write(src)
+        child = None
         try:
-            child = subprocess.Popen([sys.executable, "-c", _CHILD, src, dst, str(limit)], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        except OSError:
-            return None
-        try:
+            fst.write(src)
+            child = _spawn([sys.executable, "-c", _CHILD, src, dst, str(limit), str(os.getpid())])
             while True:
                 try:
                     child.wait(timeout=0.05)
                     break
                 except subprocess.TimeoutExpired:
                     checkpoint()
+            if child.returncode < 0:
+                raise CompileError(f"building the automaton was stopped by signal {-child.returncode} "
+                                   f"(out of memory, most likely) on the way to {limit:,} states",
+                                   hint="simplify the pattern, or lower the limit (max_states)")
+            return pynini.Fst.read(dst) if child.returncode == 0 else None
+        except OSError:
+            return None
         finally:  # cancelled, Ctrl-C (KeyboardInterrupt in this thread) or an error: the child goes too
-            if child.returncode is None:
+            if child is not None and child.returncode is None:
                 child.kill()
                 child.wait()
-        if child.returncode != 0 or not os.path.exists(dst):
-            return None
-        return pynini.Fst.read(dst)
 
 
 def _over(max_states: int, span, source) -> CompileError:

@@ -104,7 +104,7 @@ def render_table(columns: Sequence[str], rows: Sequence[tuple], max_rows: Option
         over = [w - f for w, f in zip(widths, floors)]
         if max(over) <= 0:
             break
-        i = widths.index(max(w for w, o in zip(widths, over) if o > 0))
+        i = max((k for k, o in enumerate(over) if o > 0), key=widths.__getitem__)  # the widest that can give
         widths[i] = max(floors[i], widths[i] - max(1, sum(widths) - budget))
     numeric = [bool(shown) and all(_numeric(r[i]) or r[i] is None for r in shown) for i in range(len(columns))]
     out = [_line(widths, "┌", "┬", "┐"), _cells([format_value(c, w) for c, w in zip(columns, widths)], widths,
