@@ -554,9 +554,10 @@ class _Progress:
             self.bar.total, self.bar.unit = n, unit
 
     def update(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix_str("", refresh=False)  # the note was of the row now counted
-        if self.bar is not None and self.bar.update(n):
+        if self.bar is None:
+            return
+        self.bar.set_postfix_str("", refresh=False)  # the note was of the row now counted
+        if self.bar.update(n):
             self.shown, self.hidden = True, False
 
     def note(self, text: str) -> None:

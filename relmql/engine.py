@@ -262,7 +262,8 @@ def nodes_note(stats: SearchStats, opts: ShortestPath) -> str:
     if opts.max_nodes is not None:
         text += f" of max_nodes {opts.max_nodes:,}"
     if opts.max_nodes_per_row is not None:
-        text += f", {stats.since_row:,} of max_nodes_per_row {opts.max_nodes_per_row:,} for row {stats.rows + 1:,}"
+        text += (f", {stats.expanded - stats.row_at:,} of max_nodes_per_row {opts.max_nodes_per_row:,} "
+                 f"for row {stats.rows + 1:,}")
     return text
 
 

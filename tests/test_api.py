@@ -326,14 +326,21 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_progress_bar_on_a_terminal_only(monkeypatch):
+def _on_terminal(monkeypatch) -> _Terminal:
+    """Standard error as a terminal, where bars are drawn at once and at every change (in the
+    test's body: pytest's capture sets sys.stderr again between a fixture and the test)."""
     from relmql import api
     monkeypatch.setattr(api._Progress, "DELAY", 0)
     monkeypatch.setattr(api._Progress, "MININTERVAL", 0)
-    con = relmql.connect(model="tiny-gpt2", progress=True)
-    query = "SELECT text MATCHING '(a|b)(c|d)' USING seed 3 SAMPLE 20"
     err = _Terminal()
     monkeypatch.setattr(sys, "stderr", err)
+    return err
+
+
+def test_progress_bar_on_a_terminal_only(monkeypatch):
+    con = relmql.connect(model="tiny-gpt2", progress=True)
+    query = "SELECT text MATCHING '(a|b)(c|d)' USING seed 3 SAMPLE 20"
+    err = _on_terminal(monkeypatch)
     assert len(con.sql(query).fetchall()) == 20
     assert "/20" in err.getvalue()
     quiet = io.StringIO()  # not a terminal: no bar
@@ -352,11 +359,7 @@ def _current_line(raw: str) -> str:
 
 
 def test_each_row_is_handed_out_with_the_progress_bar_cleared(con, monkeypatch):
-    from relmql import api
-    monkeypatch.setattr(api._Progress, "DELAY", 0)
-    monkeypatch.setattr(api._Progress, "MININTERVAL", 0)
-    err = _Terminal()
-    monkeypatch.setattr(sys, "stderr", err)
+    err = _on_terminal(monkeypatch)
     seen = [err.getvalue() for _ in fresh(con, progress=True).sql("SELECT text MATCHING '(a|b)(c|d)(e|f)' LIMIT 8")]
     assert len(seen) == 8
     for i, raw in enumerate(seen):
@@ -370,23 +373,19 @@ def test_each_row_is_handed_out_with_the_progress_bar_cleared(con, monkeypatch):
 def test_the_bar_counts_a_search_s_nodes_before_its_row(monkeypatch):
     """A search that reads many nodes for a row says how many after each model call, against the
     bound that would end it: the rows alone would show nothing for minutes."""
-    from relmql import api
-    monkeypatch.setattr(api._Progress, "DELAY", 0)
-    monkeypatch.setattr(api._Progress, "MININTERVAL", 0)
     con = relmql.connect(model="tiny-gpt2", progress=True)
-    err = _Terminal()
-    monkeypatch.setattr(sys, "stderr", err)
+    err = _on_terminal(monkeypatch)
+    noting = re.compile(r"([\d,]+) nodes of max_nodes 900, ([\d,]+) of max_nodes_per_row 10,000 for row (\d)")
     rows = con.sql("SELECT text MATCHING '[q-z]{8}' USING batch_size 2, max_nodes 900 LIMIT 2")
     first = rows.fetchone()
     before = err.getvalue()
     second = rows.fetchone()
     assert first and second
-    noted = re.findall(r"([\d,]+) nodes of max_nodes 900, ([\d,]+) of max_nodes_per_row 10,000 for row (\d)", before)
+    noted = noting.findall(before)
     counts = list(dict.fromkeys(int(n.replace(",", "")) for n, _, _ in noted))  # each drawn once or more
     assert len(counts) >= 3 and counts == sorted(counts) and counts[-1] <= 900  # one a model call
     assert all(row == "1" and since == n for n, since, row in noted)  # the first row's: every node so far
-    after = re.findall(r"([\d,]+) nodes of max_nodes 900, ([\d,]+) of max_nodes_per_row 10,000 for row (\d)",
-                       err.getvalue()[len(before):])
+    after = noting.findall(err.getvalue()[len(before):])
     assert after and all(row == "2" for _, _, row in after)
     n, since, _ = after[-1]
     assert int(n.replace(",", "")) - int(since.replace(",", "")) >= counts[-1]  # counted from the first row on
@@ -399,12 +398,8 @@ def test_the_bar_counts_a_search_s_nodes_before_its_row(monkeypatch):
 def test_the_bar_says_when_the_automaton_compiles(monkeypatch):
     """A compile runs for minutes under a raised max_states, with no model call: the bar says so,
     and says it no more once the search has begun."""
-    from relmql import api
-    monkeypatch.setattr(api._Progress, "DELAY", 0)
-    monkeypatch.setattr(api._Progress, "MININTERVAL", 0)
     con = relmql.connect(model="tiny-gpt2", progress=True)
-    err = _Terminal()
-    monkeypatch.setattr(sys, "stderr", err)
+    err = _on_terminal(monkeypatch)
     rows = con.sql("SELECT text MATCHING '(a|b)*b(a|b){12}' USING max_states 1000000, batch_size 2 LIMIT 1")
     assert len(rows.fetchall()) == 1
     out = err.getvalue()

@@ -389,15 +389,20 @@ def test_quit_and_exit(con):
     assert drive(con, "exit\r")[0] == 0
 
 
+def _ctrl_c_then_a_query(send, screen):
+    """Ctrl-C (SIGINT → KeyboardInterrupt in the main thread, which waits on the statement), its
+    `cancelled`, and a query the shell then runs."""
+    _thread.interrupt_main()
+    assert screen.wait_for(lambda s: "cancelled" in s, timeout=30), screen.text[-2000:]
+    send("SELECT text MATCHING 'a(b|c)';\r")
+    assert screen.wait_for(lambda s: "(2 rows)" in s, timeout=8)
+
+
 def test_ctrl_c_cancels_the_running_query_and_keeps_the_shell(con):
     def script(send, screen):
-        # a query that runs for minutes: wait for its first rows, then Ctrl-C (SIGINT → KeyboardInterrupt
-        # in the main thread, which waits on the query)
+        # a query that runs for minutes: wait for its first rows, then Ctrl-C
         assert screen.wait_for(lambda s: "│     3 │" in s), screen.text[-2000:]
-        _thread.interrupt_main()
-        assert screen.wait_for(lambda s: "cancelled" in s, timeout=30), screen.text[-2000:]
-        send("SELECT text MATCHING 'a(b|c)';\r")
-        assert screen.wait_for(lambda s: "(2 rows)" in s, timeout=8)
+        _ctrl_c_then_a_query(send, screen)
 
     start = time.monotonic()
     code, screen = drive(con, ".timer on\rMATCHING '[a-z]{1,30}' USING topk 50 LIMIT 100000;\r", script)
@@ -414,10 +419,7 @@ def test_ctrl_c_stops_a_long_compile(con):
     raised max_states): Ctrl-C ends it within seconds, and the shell goes on."""
     def script(send, screen):
         time.sleep(1.5)  # into the determinization
-        _thread.interrupt_main()
-        assert screen.wait_for(lambda s: "cancelled" in s, timeout=30), screen.text[-2000:]
-        send("SELECT text MATCHING 'a(b|c)';\r")
-        assert screen.wait_for(lambda s: "(2 rows)" in s, timeout=8)
+        _ctrl_c_then_a_query(send, screen)
 
     start = time.monotonic()
     code, screen = drive(con, "EXPLAIN MATCHING '(a|b)*a(a|b){20}' USING max_states 3000000;\r", script)

@@ -80,7 +80,7 @@ def test_a_bound_stops_the_search_with_its_stop(tiny, bound, value):
     if bound == "max_nodes":
         assert stats.expanded >= value
     elif bound == "max_nodes_per_row":
-        assert stats.expanded - search.row_at >= value
+        assert stats.expanded - stats.row_at >= value
     else:
         assert stats.held == search.held() > search.budget.traversal == value // 4
 

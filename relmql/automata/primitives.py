@@ -144,14 +144,9 @@ def optimize(fst: pynini.Fst, max_states: int, span=None, source: Optional[str] 
     checkpoint()
     fst = fst.rmepsilon().connect()
     if fst.properties(pynini.I_DETERMINISTIC, True) == pynini.I_DETERMINISTIC:
-        det = fst  # e.g. bounded repetitions of a character class
-        if minimal:
-            if det.num_states() > max_states:
-                raise _over(max_states, span, source)
-            return det
-        if det.num_states() > max_states:
+        if fst.num_states() > max_states:  # e.g. bounded repetitions of a character class
             raise _over(max_states, span, source)
-        return det.minimize()
+        return fst if minimal else fst.minimize()
     affordable = SUBSET_BUDGET * max_states // copies if copies else max_states
     det = determinized(fst, min(max_states, affordable))
     if affordable < max_states and det.num_states() > affordable:

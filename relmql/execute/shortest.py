@@ -86,13 +86,13 @@ class SearchStats:
     or a prefix reached ``max_tokens`` or ``max_prefix_tokens``, or the text the model's
     context length, where the language went on); ``cut``: the bounds among those
     that cut a way on short in a search that exhausted its language with rows (its rows are
-    every string within the bounds, not every string of the language). ``watch(stats, opts)``, when
-    given, is called after each model call (a progress display: ``since_row`` is the nodes
-    expanded since the last row, or since the start)."""
+    every string within the bounds, not every string of the language). ``row_at``: nodes expanded
+    when the last row was released (0 before the first); ``watch(stats, opts)``, when given, is
+    called after each model call (a progress display)."""
     expanded: int = 0
     prefix: int = 0
     rows: int = 0
-    since_row: int = 0
+    row_at: int = 0
     held: int = 0
     stop: Optional[Stop] = None
     no_row: Tuple[str, ...] = ()
@@ -178,7 +178,6 @@ class ShortestPathSearch:
         self._bases: dict = {}    # id of an array of stored children -> [nodes holding a view, the array]
         self.seq_bytes = 0        # expanded nodes' token tuples
         self.nodes = 0            # nodes made (an upper bound on those alive)
-        self.row_at = 0           # nodes expanded when the last row was released
         self._tie = itertools.count()
         self._finals: dict = {}     # state -> automaton.final_edits(state)
         self._continues: dict = {}  # state -> whether a token can follow it
@@ -202,7 +201,6 @@ class ShortestPathSearch:
                     self.stats.stop = stop  # a budget, not an order: rows released so far are exact
                     return
                 self.expand()
-                self.stats.since_row = self.stats.expanded - self.row_at
                 if self.stats.watch is not None:
                     self.stats.watch(self.stats, self.opts)
         # the language is exhausted under the rules and bounds: say which cut a way on short (a
@@ -251,7 +249,7 @@ class ShortestPathSearch:
                                self.found + 1)
                 self.found += 1
                 self.stats.rows = self.found
-                self.row_at = self.stats.expanded
+                self.stats.row_at = self.stats.expanded
                 if opts.limit is not None and self.found >= opts.limit:
                     return True
                 continue
@@ -270,7 +268,7 @@ class ShortestPathSearch:
         opts = self.opts
         if self.max_batch == opts.batch_size:
             return opts.batch_size
-        since = self.stats.expanded - self.row_at
+        since = self.stats.expanded - self.stats.row_at
         size = min(self.max_batch, since // 4)
         if opts.max_nodes is not None:
             size = min(size, opts.max_nodes - self.stats.expanded)
@@ -572,7 +570,7 @@ class ShortestPathSearch:
         stats.held = max(stats.held, held)
         if opts.max_nodes is not None and stats.expanded >= opts.max_nodes:
             return Stop("max_nodes", opts.max_nodes, self.found)
-        if opts.max_nodes_per_row is not None and stats.expanded - self.row_at >= opts.max_nodes_per_row:
+        if opts.max_nodes_per_row is not None and stats.expanded - stats.row_at >= opts.max_nodes_per_row:
             return Stop("max_nodes_per_row", opts.max_nodes_per_row, self.found)
         if held > self.budget.traversal:
             return Stop("max_memory", opts.max_memory, self.found)

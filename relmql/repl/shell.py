@@ -50,9 +50,12 @@ class _Ticket:
     cancels the statement's ``Result`` whether or not the worker has made it yet."""
 
     def __init__(self):
-        self.stopped = False
         self.result = None
         self.event = threading.Event()  # set on cancel: what runs before the Result exists (a compile) checks it
+
+    @property
+    def stopped(self) -> bool:
+        return self.event.is_set()
 
     def attach(self, result) -> None:
         self.result = result
@@ -60,7 +63,6 @@ class _Ticket:
             result.cancel()
 
     def cancel(self) -> None:
-        self.stopped = True
         self.event.set()
         result = self.result
         if result is not None:
