@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from .automata import compile
 from .automata.language import levenshtein, nearest, unedited, viable_length
 from .errors import Error
-from .execute import Mass, Row, SearchStats, execute, measure
+from .execute import Mass, Row, SampleStats, SearchStats, execute, measure
 from .execute.shortest import NO_ROW
 from .memory import approx_bytes, format_size, shares
 from .models import LanguageModel
@@ -201,8 +201,8 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
     many sequences or draws it will read (``progress`` counts them); its rows include rows that
     only count (``row.miss``: a prefix path, a draw that found no string or that WHERE left out),
     which ``run`` keeps out of the groups. ``on_note(text)``, for a progress display before a row
-    is found, is told while the automaton compiles, and after each model call of a search how far
-    it has gone (``nodes_note``)."""
+    is found, is told while the automaton compiles, and after each model call how far a search has
+    gone (``nodes_note``) or how many draws a sampler has made (``draws_note``)."""
     model = load(plan, models)
     automaton = compile_plan(plan, model, cancel, on_note)
     regex = match_regex(plan)
@@ -219,6 +219,9 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
             on_total(mass.sequences, "sequence")  # at most: the rules may rule some out
         elif on_total is not None:
             on_total(mass.draws, "draw")
+    elif isinstance(plan.traversal, Sample):
+        drawn = SampleStats(watch=None if on_note is None else lambda s, opts: on_note(draws_note(s, opts)))
+        rows = execute(automaton, model, plan.traversal, plan.decoding, cancel, drawn)
     else:
         rows = execute(automaton, model, plan.traversal, plan.decoding, cancel, stats)
     for row in rows:
@@ -264,6 +267,17 @@ def nodes_note(stats: SearchStats, opts: ShortestPath) -> str:
     if opts.max_nodes_per_row is not None:
         text += (f", {stats.expanded - stats.row_at:,} of max_nodes_per_row {opts.max_nodes_per_row:,} "
                  f"for row {stats.rows + 1:,}")
+    return text
+
+
+def draws_note(stats: SampleStats, opts: Sample) -> str:
+    """How far a sampler has gone, for a progress bar: its draws against the budget that ends it
+    (``max_draws``) and those thrown away, so that a rejection-heavy SAMPLE, whose rows come many
+    draws apart, shows it works and what it spends."""
+    text = f"{stats.draws:,} draws of max_draws {opts.draw_budget:,}"
+    if stats.discarded:
+        kind = "missed" if opts.misses else "rejected" if opts.mode == "exact" else "dead ends"
+        text += f", {stats.discarded:,} {kind}"
     return text
 
 

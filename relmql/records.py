@@ -319,6 +319,12 @@ class Sample:
         _check_memory(self.max_memory)
         return self
 
+    @property
+    def draw_budget(self) -> int:
+        """The draws after which sampling gives up: ``max_draws``, by default 1,000 a sample (at
+        least 1,000)."""
+        return self.max_draws if self.max_draws is not None else max(1000, 1000 * self.n)
+
 
 @dataclass(frozen=True)
 class Measure:

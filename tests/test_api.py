@@ -408,6 +408,24 @@ def test_the_bar_says_when_the_automaton_compiles(monkeypatch):
     assert "nodes, " in out[last:] and "compiling" not in out[out.index("nodes, ", last):]
 
 
+def test_the_bar_counts_a_sampler_s_draws_before_its_row(con, monkeypatch):
+    """A rejection-heavy SAMPLE draws thousands of times for a row, most of them without a model
+    call: the bar says how many against max_draws, and how many were thrown away."""
+    err = _on_terminal(monkeypatch)
+    with pytest.raises(relmql.Error, match="gave up after 5,000 draws"):
+        fresh(con, progress=True).sql("SELECT text MATCHING 'zq[0-9]{2}' USING sampling exact, max_draws 5000 "
+                                      "SAMPLE 3").fetchall()
+    noted = [(int(d.replace(",", "")), int(x.replace(",", "")))
+             for d, x in re.findall(r"([\d,]+) draws of max_draws 5,000, ([\d,]+) rejected", err.getvalue())]
+    assert len(noted) >= 3 and noted == sorted(noted) and noted[-1][0] <= 5000
+    assert all(0 < x <= d for d, x in noted)
+    # local sampling: its draws, and its dead ends as such
+    err = _on_terminal(monkeypatch)
+    rows = fresh(con, progress=True).sql("SELECT text MATCHING '(a|b)(c|d)' USING seed 3 SAMPLE 20").fetchall()
+    assert len(rows) == 20 and re.search(r"\d+ draws of max_draws 20,000[,\]]", err.getvalue())
+    assert "rejected" not in err.getvalue()
+
+
 def test_a_result_that_failed_fails_every_later_read(con):
     """An error, cancel() or Ctrl-C part way: no later read passes the rows so far off as all."""
     r = con.sql("SELECT text MATCHING 'zq[0-9]{6}' USING sampling exact, max_draws 1 SAMPLE 20")

@@ -13,8 +13,8 @@ import torch
 from scipy import stats as sstats
 
 from relmql.automata import CompileOptions, compile
-from relmql.execute import (Cancelled, Decoding, ExecutionError, Sample, SearchStats, ShortestPath, execute,
-                            shortest_path)
+from relmql.execute import (Cancelled, Decoding, ExecutionError, Sample, SampleStats, SearchStats, ShortestPath,
+                            execute, shortest_path)
 
 from conftest import enumerate_paths, segmentations, token_index
 from oracle import ranking, rules_logprobs, step_logprobs, tolerance
@@ -395,6 +395,26 @@ def chi_square_p(counts: Counter, probs: dict, n: int) -> float:
 
 
 COLOR = ("My favourite colour is", " (red|blue|green|black|white|yellow)")
+
+
+def test_rejection_sampling_stops_on_cancel_between_model_calls(tiny):
+    """Rejection draws again from the prefix's state without a model call (on tiny-gpt2, the
+    first 5,000 draws of this language take no token of it: one step, a million draws in
+    seconds), so a cancel is honoured, and progress reported, between draws, not only between
+    model calls."""
+    ta = compile("zq[0-9]{2}", tiny.vocabulary, "", CANON)
+    cancel, seen = threading.Event(), []
+
+    def watch(stats, opts):
+        seen.append(stats.draws)
+        if stats.draws >= 2000:
+            cancel.set()
+
+    drawn = SampleStats(watch=watch)
+    with pytest.raises(Cancelled):
+        list(execute(ta, tiny, Sample(3, mode="exact", max_draws=5000), cancel=cancel, stats=drawn))
+    assert 2000 <= drawn.draws < 2000 + 1024 and seen[-1] == drawn.draws
+    assert seen == sorted(seen) and len(set(seen)) >= 2
 
 
 def test_local_sampling_follows_its_distribution(smol):

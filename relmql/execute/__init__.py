@@ -8,7 +8,7 @@ named here too.
 from __future__ import annotations
 
 import threading
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 from ..automata.tokens import TokenAutomaton
 from ..models.base import LanguageModel
@@ -21,16 +21,19 @@ from .shortest import SearchStats, shortest_path
 
 def execute(automaton: TokenAutomaton, model: LanguageModel, traversal: Traversal,
             rules: Decoding = Decoding(), cancel: Optional[threading.Event] = None,
-            stats: Optional[SearchStats] = None) -> Iterator[Row]:
+            stats: Optional[Union[SearchStats, SampleStats]] = None) -> Iterator[Row]:
     """Rows of ``automaton`` on ``model``: the most probable first (``ShortestPath``) or random
     samples (``Sample``), under the decoding ``rules``. Setting ``cancel`` stops the iterator
-    with ``Cancelled`` before its next model call; ``stats`` collects a search's statistics."""
+    with ``Cancelled`` before its next model call; ``stats`` collects a search's statistics
+    (``SearchStats``) or a sampler's (``SampleStats``)."""
     if isinstance(traversal, ShortestPath):
-        return shortest_path(automaton, model, rules, traversal, cancel, stats)
+        return shortest_path(automaton, model, rules, traversal, cancel,
+                             stats if isinstance(stats, SearchStats) else None)
     if isinstance(traversal, Sample):
-        return sample(automaton, model, rules, traversal, cancel)
+        return sample(automaton, model, rules, traversal, cancel, stats if isinstance(stats, SampleStats) else None)
     if isinstance(traversal, Measure):
-        return (r for r in measure(automaton, model, rules, traversal, cancel, stats)[1] if not r.miss)
+        searched = stats if isinstance(stats, SearchStats) else None
+        return (r for r in measure(automaton, model, rules, traversal, cancel, searched)[1] if not r.miss)
     raise ExecutionError(f"unknown traversal {traversal!r}")
 
 

@@ -30,7 +30,7 @@ import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -47,10 +47,13 @@ from .rows import Row, make_row
 @dataclass
 class SampleStats:
     """Draws made: completions started, and those thrown away (dead ends, budget, rejection);
-    ``cut``: the bounds (``max_tokens``, ``context``) that ended a draw where the language went on."""
+    ``cut``: the bounds (``max_tokens``, ``context``) that ended a draw where the language went on;
+    ``watch(stats, opts)``, when given, is called after each step of the batch (a model call, or
+    states all found in the cache), for a progress display between rows."""
     draws: int = 0
     discarded: int = 0
     cut: Tuple[str, ...] = ()
+    watch: Optional[Callable[["SampleStats", Sample], None]] = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -70,6 +73,7 @@ class _Walker:
 
 
 DEAD_ENDS = 64  # dead ends in a row after which local sampling gives up on a prefix
+WATCH_DRAWS = 1024  # draws between two calls of SampleStats.watch within one step (rejection redraws at once)
 
 
 def sample_rng(seed: int, index: int, stream: str = "") -> random.Random:
@@ -126,7 +130,7 @@ class Sampler:
         opts = self.opts
         self.stats = stats if stats is not None else SampleStats()
         self.exact = opts.mode == "exact"
-        self.max_draws = opts.max_draws if opts.max_draws is not None else max(1000, 1000 * opts.n)
+        self.max_draws = opts.draw_budget
         memory = shares(opts.max_memory)
         model.set_cache_budget(memory.kv)
         automaton.set_cache_budget(memory.automaton)
@@ -141,16 +145,24 @@ class Sampler:
         self.waiting: List[_Walker] = []
         self.next_out = 0  # the next row to release
         self.started = 0   # samples begun
+        self.cancel: Optional[threading.Event] = None
+
+    def check_cancel(self) -> None:
+        """Raise ``Cancelled`` once the query's cancel event is set."""
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled("the query was cancelled")
 
     def rows(self, cancel: Optional[threading.Event] = None) -> Iterator[Row]:
         """The rows in sample order; a batch of walkers advances one token per model call."""
+        self.cancel = cancel
         while self.next_out < self.opts.n:
-            if cancel is not None and cancel.is_set():
-                raise Cancelled("the query was cancelled")
+            self.check_cancel()
             self.start_walkers()
             step = [w for w in self.active if self.walk(w)]
             self.advance(step)
             self.active = step
+            if self.stats.watch is not None:
+                self.stats.watch(self.stats, self.opts)
             while self.next_out in self.done:
                 yield self.done.pop(self.next_out)
                 self.next_out += 1
@@ -197,6 +209,11 @@ class Sampler:
         another prefix (False); a rejection draws again at once (the prefix's state is at hand)."""
         opts, stats = self.opts, self.stats
         while True:
+            # rejection draws again from the prefix's state without a model call, a million
+            # draws in seconds: the loop stops on cancel and reports its progress as it goes
+            if stats.watch is not None and stats.draws % WATCH_DRAWS == 0:
+                stats.watch(stats, opts)
+            self.check_cancel()
             if stats.draws > self.max_draws:
                 got = f"{self.next_out:,} sample" + ("" if self.next_out == 1 else "s")
                 raise ExecutionError(f"sampling gave up after {self.max_draws:,} draws with {got} drawn: "
