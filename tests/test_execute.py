@@ -417,6 +417,26 @@ def test_rejection_sampling_stops_on_cancel_between_model_calls(tiny):
     assert seen == sorted(seen) and len(set(seen)) >= 2
 
 
+def test_sampling_takes_a_last_token_at_the_context_as_the_search_does(tiny):
+    """The model reads at most its context (tiny-gpt2: 512 tokens, the start token among them),
+    and scores the token after it: a string whose last token is that one is found by the search
+    and drawn by the sampler, with the same probability; one a token longer is neither, and the
+    sampler says that the context, not improbability, stopped it."""
+    assert tiny.max_length == 512
+    pre = "( a){509}"
+    ta = compile(pre + "( b){3}", tiny.vocabulary, pre, CANON)  # 512 tokens, the last unread
+    best = list(execute(ta, tiny, ShortestPath(limit=2)))
+    assert len(best) == 1 and len(best[0].tokens) == 512
+    rows = list(execute(ta, tiny, Sample(3, seed=1)))
+    assert all(r.tokens == best[0].tokens for r in rows)
+    assert all(r.logprob == pytest.approx(best[0].logprob, abs=1e-4) for r in rows)
+    longer = compile(pre + "( b){4}", tiny.vocabulary, pre, CANON)
+    assert list(execute(longer, tiny, ShortestPath(limit=1))) == []
+    with pytest.raises(ExecutionError, match="reached the 512 tokens the model reads") as info:
+        list(execute(longer, tiny, Sample(1, max_draws=3)))
+    assert "shorter PREFIX" in info.value.hint
+
+
 def test_local_sampling_follows_its_distribution(smol):
     prefix, rest = COLOR
     ta = compile(prefix + rest, smol.vocabulary, prefix)

@@ -216,8 +216,11 @@ class Sampler:
             self.check_cancel()
             if stats.draws > self.max_draws:
                 got = f"{self.next_out:,} sample" + ("" if self.next_out == 1 else "s")
-                raise ExecutionError(f"sampling gave up after {self.max_draws:,} draws with {got} drawn: "
-                                     "the language is too improbable for this sampler", hint=self.give_up_hint())
+                why = (f"draws reached the {self.context:,} tokens the model reads before a string of the language "
+                       "ended" if "context" in stats.cut and not self.exact
+                       else "the language is too improbable for this sampler")
+                raise ExecutionError(f"sampling gave up after {self.max_draws:,} draws with {got} drawn: {why}",
+                                     hint=self.give_up_hint())
             what, arg = self.draw(w)
             if what == "token":
                 return True
@@ -242,7 +245,13 @@ class Sampler:
     def give_up_hint(self) -> str:
         """What to change when the draws run out: rejection redraws whenever the model leaves the
         language; a local draw fails only where the decoding rules keep none of the tokens the
-        language allows, or where the completion reaches max_tokens."""
+        language allows, or where the completion reaches max_tokens or the model's context."""
+        if "context" in self.stats.cut:
+            fit = "a shorter PREFIX or pattern, or a model that reads more tokens"
+            if not self.exact:  # the message says why
+                return fit
+            return (f"some draws reached the {self.context:,} tokens the model reads before a string ended: {fit}; "
+                    "or the local sampling mode (the default), or a larger draw budget (max_draws)")
         if self.exact:
             return "use the local sampling mode (the default), or raise the draw budget (max_draws)"
         rules = self.rules.truncation()  # "topk 40 and topp 0.9"
@@ -308,11 +317,19 @@ class Sampler:
         if final and (len(toks) == 0 or opts.first_match) and not self.rules.eos:
             self.finish(w, edits)
             return "end", None
-        if len(w.tokens) >= opts.max_tokens or len(w.state.tokens) >= self.context:
+        last = len(w.tokens) < opts.max_tokens and len(w.state.tokens) >= self.context
+        if len(w.tokens) >= opts.max_tokens or last:
             cause = "max_tokens" if len(w.tokens) >= opts.max_tokens else "context"
-            if len(toks) and cause not in self.stats.cut:
+            if last and not self.rules.eos:
+                # the model reads no more tokens, but the one it scores next may still end the
+                # string where nothing follows it (as the search takes it): only such tokens remain
+                targets, back = np.unique(tgts, return_inverse=True)
+                ends = np.array([self._ends_at(q) for q in targets.tolist()], bool)[back.reshape(-1)]
+                toks, tgts, cut = toks[ends], tgts[ends], not ends.all()
+            else:
+                toks, tgts, cut = toks[:0], tgts[:0], len(toks) > 0  # only the end of text remains
+            if cut and cause not in self.stats.cut:
                 self.stats.cut += (cause,)
-            toks = toks[:0]  # no room for more tokens: only the end of text remains
         can_end = final and eos is not None
         if self.exact:
             t = _draw_full(rng, w.state, self.rule_scores(w.state))
@@ -346,7 +363,17 @@ class Sampler:
         w.tokens.append(int(t))
         w.cond += lp
         w.node = int(tgts[k])
+        if last:  # a string's last token, past what the model reads: it ends here, unread
+            self.finish(w, automaton.final_edits(w.node))
+            return "end", None
         return "token", int(t)
+
+    def _ends_at(self, state: int) -> bool:
+        """Whether a draw that reaches ``state`` ends there at once (a string of the language with
+        no completion token after it, or the first one under ``first_match``; without ``eos``)."""
+        if self.automaton.final_edits(state) < 0:
+            return False
+        return self.opts.first_match or not (~self.automaton.arcs(state).prefix).any()
 
 
 def _draw_full(rng: random.Random, state: ModelState, scores: RuleScores) -> int:
