@@ -219,11 +219,10 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
             on_total(mass.sequences, "sequence")  # at most: the rules may rule some out
         elif on_total is not None:
             on_total(mass.draws, "draw")
-    elif isinstance(plan.traversal, Sample):
-        drawn = SampleStats(watch=None if on_note is None else lambda s, opts: on_note(draws_note(s, opts)))
-        rows = execute(automaton, model, plan.traversal, plan.decoding, cancel, drawn)
-    else:
-        rows = execute(automaton, model, plan.traversal, plan.decoding, cancel, stats)
+    else:  # a sampler's progress is its draws, a search's its nodes
+        watched = stats if not isinstance(plan.traversal, Sample) else SampleStats(
+            watch=None if on_note is None else lambda s, opts: on_note(draws_note(s, opts)))
+        rows = execute(automaton, model, plan.traversal, plan.decoding, cancel, watched)
     for row in rows:
         if row.miss and mass is not None:  # a prefix path (exact) or a draw that found no string (estimate):
             if progress is not None and not mass.exact:  # it only counts, in probability()'s denominators

@@ -215,12 +215,7 @@ class Sampler:
                 stats.watch(stats, opts)
             self.check_cancel()
             if stats.draws > self.max_draws:
-                got = f"{self.next_out:,} sample" + ("" if self.next_out == 1 else "s")
-                why = (f"draws reached the {self.context:,} tokens the model reads before a string of the language "
-                       "ended" if "context" in stats.cut and not self.exact
-                       else "the language is too improbable for this sampler")
-                raise ExecutionError(f"sampling gave up after {self.max_draws:,} draws with {got} drawn: {why}",
-                                     hint=self.give_up_hint())
+                raise self.gave_up()
             what, arg = self.draw(w)
             if what == "token":
                 return True
@@ -242,24 +237,30 @@ class Sampler:
                 return False
             self.restart(w)
 
-    def give_up_hint(self) -> str:
-        """What to change when the draws run out: rejection redraws whenever the model leaves the
-        language; a local draw fails only where the decoding rules keep none of the tokens the
-        language allows, or where the completion reaches max_tokens or the model's context."""
-        if "context" in self.stats.cut:
-            fit = "a shorter PREFIX or pattern, or a model that reads more tokens"
-            if not self.exact:  # the message says why
-                return fit
-            return (f"some draws reached the {self.context:,} tokens the model reads before a string ended: {fit}; "
-                    "or the local sampling mode (the default), or a larger draw budget (max_draws)")
-        if self.exact:
-            return "use the local sampling mode (the default), or raise the draw budget (max_draws)"
-        rules = self.rules.truncation()  # "topk 40 and topp 0.9"
-        if not rules:
-            return "raise max_tokens (a longer completion fails) or the draw budget (max_draws)"
-        it = "them" if " and " in rules else "it"
-        return (f"{rules} kept none of the tokens the language allows at some step of most draws: raise {it} or "
-                f"drop {it}; or raise max_tokens or the draw budget (max_draws)")
+    def gave_up(self) -> ExecutionError:
+        """The error when the draws run out, and what to change: rejection redraws whenever the
+        model leaves the language; a local draw fails only where the decoding rules keep none of
+        the tokens the language allows, or where the completion reaches max_tokens or the model's
+        context (which the message then names: local draws that reach it cannot end there)."""
+        got = f"{self.next_out:,} sample" + ("" if self.next_out == 1 else "s")
+        why, hint = "the language is too improbable for this sampler", None
+        reached = f"draws reached the {self.context:,} tokens the model reads before a string of the language ended"
+        fit = "a shorter PREFIX or pattern, or a model that reads more tokens"
+        if "context" in self.stats.cut and not self.exact:
+            why, hint = reached, fit
+        elif "context" in self.stats.cut:
+            hint = (f"some {reached}: {fit}; or the local sampling mode (the default), or a larger draw budget "
+                    "(max_draws)")
+        elif self.exact:
+            hint = "use the local sampling mode (the default), or raise the draw budget (max_draws)"
+        elif not self.rules.truncation():
+            hint = "raise max_tokens (a longer completion fails) or the draw budget (max_draws)"
+        else:
+            rules = self.rules.truncation()  # "topk 40 and topp 0.9"
+            it = "them" if " and " in rules else "it"
+            hint = (f"{rules} kept none of the tokens the language allows at some step of most draws: raise {it} "
+                    f"or drop {it}; or raise max_tokens or the draw budget (max_draws)")
+        return ExecutionError(f"sampling gave up after {self.max_draws:,} draws with {got} drawn: {why}", hint=hint)
 
     def advance(self, step: List[_Walker]) -> None:
         """Give every walker that drew a token its new model state: from the cache when already
