@@ -21,7 +21,7 @@ from .output.format import format_value
 from .plan import OPTIONS, ModelRef, PlanError, QueryPlan, TestPlan, constant, defaults, option, plan
 from .plan.expr import is_probability
 from .plan.options import shown
-from .records import Cancelled, Stop
+from .records import Cancelled, Stop, cancelling
 from .stats import Chi2Result, chi2_independence
 from .syntax import ast as A
 from .syntax import parse
@@ -127,7 +127,8 @@ class Result:
                 self._iter = self._make(self)
             _Progress.redraw()  # the row before is written: the bar back under it while this one is computed
             try:
-                row = next(self._iter)
+                with cancelling(self.cancelled):  # any compile the row runs stops at its next checkpoint
+                    row = next(self._iter)
             except StopIteration:
                 self._done = True
                 return None

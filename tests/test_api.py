@@ -149,6 +149,30 @@ def test_cancel_from_another_thread(con):
     assert len(con.sql(SMALL + " LIMIT 1").fetchall()) == 1
 
 
+def test_cancel_reaches_a_compile_that_a_row_runs(con, model, monkeypatch):
+    """Work that compiles while a row is computed (outside the statement's own compile: an
+    automaton built lazily for the vocabulary) checks the result's cancel at its checkpoints, as
+    the shell's Ctrl-C does, not only the search between model calls."""
+    from relmql.records import checkpoint
+    r = con.sql(LONG)
+    seen = []
+    extend = type(model).extend
+
+    def cancel_then_compile(self, states, tokens):
+        r.cancel()
+        try:
+            checkpoint()  # where a lazily built automaton checks
+        except Cancelled:
+            seen.append("checkpoint")
+            raise
+        return extend(self, states, tokens)
+
+    monkeypatch.setattr(type(model), "extend", cancel_then_compile)
+    with pytest.raises(Cancelled):
+        r.fetchone()
+    assert seen == ["checkpoint"]
+
+
 def test_ctrl_c_stops_a_long_compile_in_python(con, monkeypatch):
     """Ctrl-C (KeyboardInterrupt in the main thread) during a determinization that takes minutes
     ends it at once, its child process too; the connection goes on."""
