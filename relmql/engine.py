@@ -390,16 +390,16 @@ def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
         on_note: Optional[Callable[[str], None]] = None) -> Iterator[tuple]:
     """Output tuples of ``plan``. ``progress(n)`` is told of each result row (or data row);
     ``on_total(n)`` of how many there will be, when that is known; ``on_note(text)`` of the
-    compile, and of how far the search for the next row has gone (in this process). ``rows(cancel, progress,
-    on_total, masses, stops)``: where the result rows come from instead of this process (the Ray
-    engine's ``Statement.rows``). ``stops`` collects the ``Stop`` of each search (of each data
+    compile, and of how far the search for the next row has gone. ``rows(cancel, progress,
+    on_total, masses, stops, on_note)``: where the result rows come from instead of this process
+    (the Ray engine's ``Statement.rows``). ``stops`` collects the ``Stop`` of each search (of each data
     row) that a bound ended; they are also warned about on stderr."""
     masses: list = []
     stops = stops if stops is not None else []
     if not isinstance(plan, DatasetPlan) and on_total is not None and isinstance(plan.traversal, Sample):
         on_total(plan.traversal.n)
     if rows is not None:
-        envs = rows(cancel, progress, on_total, masses, stops)
+        envs = rows(cancel, progress, on_total, masses, stops, on_note)
     elif isinstance(plan, DatasetPlan):
         envs = _dataset_rows(plan, models, cancel, progress, on_total, masses, stops, on_note)
     else:

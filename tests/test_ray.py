@@ -4,6 +4,7 @@ the same statements: same rows, same order, same values; a killed worker loses n
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -183,6 +184,25 @@ def test_cancel_stops_a_running_query_and_the_workers_stay_usable(remote):
     reader.start()
     reader.join(timeout=90)
     assert out == ["The dog", "The cat"]
+
+
+def test_the_bar_shows_how_far_a_worker_s_search_has_gone(local, remote, monkeypatch):
+    """While a worker searches for its next row it sends how many nodes it has expanded, as an
+    in-process search shows them (a row can take minutes); and the rows it holds go out then,
+    not with the next row: here rows 1 and 2 come at once and row 3 a while later."""
+    from test_api import _on_terminal
+    sql = "SELECT text MATCHING '(a|b|[q-z]{12})' USING batch_size 1, max_nodes_per_row 5000 LIMIT 3"
+    monkeypatch.setattr(remote, "progress", True)
+    err = _on_terminal(monkeypatch)
+    rows = remote.sql(sql)
+    first_two = rows.fetchmany(2)
+    before = err.getvalue()
+    rest = rows.fetchall()
+    assert first_two + rest == local.sql(sql).fetchall()
+    noting = re.compile(r"([\d,]+) nodes, ([\d,]+) of max_nodes_per_row 5,000 for row (\d)")
+    assert not [n for n in noting.findall(before) if n[2] == "3"]  # row 2 was not held back until row 3
+    after = [int(n.replace(",", "")) for n, _, row in noting.findall(err.getvalue()[len(before):]) if row == "3"]
+    assert len(after) >= 2 and after == sorted(after)
 
 
 class _Out(io.StringIO):

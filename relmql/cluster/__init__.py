@@ -201,7 +201,8 @@ class Statement:
             self.pool.cancel(self._job)
 
     def rows(self, cancel: Optional[threading.Event], progress: Optional[Callable[[int], None]],
-             on_total: Optional[Callable[..., None]], masses: list, stops: list) -> Iterator:
+             on_total: Optional[Callable[..., None]], masses: list, stops: list,
+             on_note: Optional[Callable[[str], None]] = None) -> Iterator:
         from ..engine import (RowEnv, in_data_row, match_regex, no_row_note, no_row_rows_note, say, stop_warning,
                               stopped_rows_warning)
         job = self._make()
@@ -211,7 +212,7 @@ class Statement:
         stopped, empty = [], []
         measured = set()
         current = regex = None
-        for unit, rows, warnings, finished in job.read(cancel):
+        for unit, rows, warnings, note, finished in job.read(cancel):
             for line in warnings.splitlines():  # what the worker wrote on its stderr
                 say(line)
             if unit is not current:
@@ -223,6 +224,8 @@ class Statement:
                 if progress is not None and not dataset:
                     progress(1)
                 yield RowEnv(unit.plan, row, rank, regex, unit.mass)
+            if note is not None and on_note is not None:  # of the search after these rows
+                on_note(note)
             if not finished:
                 continue
             if unit.error is not None:

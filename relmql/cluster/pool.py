@@ -38,6 +38,7 @@ class Unit:
     stop: Optional[Stop] = None
     no_row: Tuple[str, ...] = ()  # why the search found no row, or what cut it short (SearchStats.no_row, .cut)
     warnings: str = ""  # received, not yet shown
+    note: Optional[str] = None  # the plan's progress note, received and not yet shown
     error: Optional[BaseException] = None
     retries: int = 0
 
@@ -59,8 +60,9 @@ class Job:
             self.pool.submit(self)
 
     def read(self, cancel: Optional[threading.Event] = None):
-        """``(unit, new rows, warnings, finished)`` for each unit in order, as its rows arrive;
-        raises ``Cancelled`` when ``cancel`` is set (the workers stop at their next model call)."""
+        """``(unit, new rows, warnings, note, finished)`` for each unit in order, as its rows
+        arrive (``note``: its progress note when that changed, else None); raises ``Cancelled``
+        when ``cancel`` is set (the workers stop at their next model call)."""
         self.start()
         finished = False
         try:
@@ -71,9 +73,10 @@ class Job:
                     with self.pool.lock:
                         new, unit.pending = unit.pending, []
                         warnings, unit.warnings = unit.warnings, ""
+                        note, unit.note = unit.note, None
                         done = unit.done
-                    if new or warnings or done:
-                        yield unit, new, warnings, done
+                    if new or warnings or note is not None or done:
+                        yield unit, new, warnings, note, done
                         if done:
                             break
                     elif not self.pool.pump(0.1):
@@ -205,6 +208,8 @@ class Pool:
         unit.pending.extend(piece.rows)
         unit.received += len(piece.rows)
         unit.warnings += piece.warnings
+        if piece.note is not None:
+            unit.note = piece.note
         if unit.mass is None:
             unit.mass = piece.mass
         if piece.done:

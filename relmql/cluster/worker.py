@@ -3,11 +3,15 @@
 ``Worker.run(call, plans)`` is a streaming generator: for each plan in turn it yields ``Piece``s
 (the plan's result rows, a few at a time, then one that ends the plan), so that rows stream back
 while a long query is still running and a worker that dies mid-plan loses only what it had not
-yet sent. This module does not import Ray: ``relmql.cluster`` wraps ``Worker`` as an actor.
+yet sent. A plan's rows are computed in a thread of the worker's own, so that while a search
+looks for its next row the worker still sends the rows it holds and how far the search has gone
+(the progress note an in-process query shows). This module does not import Ray:
+``relmql.cluster`` wraps ``Worker`` as an actor.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import io
 import threading
@@ -30,7 +34,9 @@ class Piece:
     plan's language was measured (sent once, with the first piece that has it); ``done`` ends the
     plan, with the ``Stop`` of a search that a bound ended and the ``Error`` it raised, if any;
     ``no_row``: why the search found no row (``SearchStats.no_row``), if it found none for a reason
-    worth a note, or which bounds cut short a language it exhausted (``SearchStats.cut``)."""
+    worth a note, or which bounds cut short a language it exhausted (``SearchStats.cut``);
+    ``note``: the plan's progress note when it changed ("compiling the automaton", how many nodes
+    the search for the next row has expanded; "" once over), else None."""
 
     unit: int  # position of the plan in the call
     rows: List[Tuple[Row, int]] = field(default_factory=list)
@@ -40,6 +46,7 @@ class Piece:
     no_row: Tuple[str, ...] = ()
     warnings: str = ""
     error: Optional[Error] = None
+    note: Optional[str] = None
 
 
 class Worker:
@@ -51,6 +58,7 @@ class Worker:
         torch.set_num_threads(max(1, int(threads)))
         self.models = ModelCache()
         self._events: Dict[int, threading.Event] = {}  # call -> set when it is cancelled
+        self._rows = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="relmql-rows")  # computes rows
         if preload is not None:
             try:
                 self.models(preload)
@@ -76,19 +84,40 @@ class Worker:
         masses: list = []
         stopped: list = []
         empty: list = []
+        notes = ["", ""]  # the latest note, the one last sent
         seen, sent_mass, last = 0, False, time.monotonic()
-        rows = query_rows(plan, self.models, cancel, stopped=stopped, masses=masses, no_row=empty)
+        rows = query_rows(plan, self.models, cancel, stopped=stopped, masses=masses, no_row=empty,
+                          on_note=lambda text: notes.__setitem__(0, text))
 
-        def take_warnings(p: Piece) -> Piece:
-            p.warnings = err.getvalue()
-            err.seek(0)
-            err.truncate()
+        def step():
+            with contextlib.redirect_stderr(err):
+                return next(rows, None)
+
+        def sent(p: Piece, warnings: bool = True) -> Piece:
+            nonlocal last, piece
+            if warnings:  # only between steps: the row thread writes them while it runs
+                p.warnings = err.getvalue()
+                err.seek(0)
+                err.truncate()
+            if notes[0] != notes[1]:
+                p.note = notes[1] = notes[0]
+            piece, last = Piece(unit), time.monotonic()
             return p
 
+        running = None
         try:
             while True:
-                with contextlib.redirect_stderr(err):
-                    env = next(rows, None)
+                running = self._rows.submit(step)
+                while True:
+                    try:
+                        env = running.result(timeout=max(0.0, SECONDS_PER_PIECE - (time.monotonic() - last)))
+                        break
+                    except concurrent.futures.TimeoutError:  # the next row is a while coming
+                        if piece.rows or notes[0] != notes[1]:
+                            yield sent(piece, warnings=False)
+                        else:
+                            last = time.monotonic()
+                running = None
                 if env is None:
                     break
                 seen += 1
@@ -98,15 +127,18 @@ class Worker:
                 if masses and not sent_mass:  # one Mass object per plan: its rows share it
                     piece.mass, sent_mass = masses[0], True
                 if len(piece.rows) >= ROWS_PER_PIECE or time.monotonic() - last >= SECONDS_PER_PIECE:
-                    yield take_warnings(piece)
-                    piece, last = Piece(unit), time.monotonic()
+                    yield sent(piece)
         except Error as e:
             piece.error = e
+        finally:
+            if running is not None and not running.done():  # this call was dropped while a row was computed
+                cancel.set()
+                concurrent.futures.wait([running])
         piece.done, piece.stop = True, (stopped[0] if stopped else None)
         piece.no_row = empty[0][1] if empty else ()
         if masses and not sent_mass:
             piece.mass = masses[0]
-        yield take_warnings(piece)
+        yield sent(piece)
 
     def cancel(self, call: int) -> bool:
         """Stop call ``call`` before its next model call (or before it starts)."""
