@@ -578,8 +578,13 @@ BAD = [
     ("SELECT text MATCHING 'a' LIMIT 2.5", PlanError, "2.5", "a whole number of zero or more, not 2.5"),
     ("SELECT regexp_replace(text, '(a)', '\\9') AS x MATCHING 'a'", PlanError,
      "regexp_replace(text, '(a)', '\\9')", "bad replacement '\\9': invalid group reference 9"),
-    ("SELECT regexp_replace(text, '(a', 'b') AS x MATCHING 'a'", PlanError, "'(a'", "bad regex"),
-    ("SELECT regexp_extract(text, '(') AS g MATCHING 'a'", PlanError, "'('", "bad regex"),
+    # a regex that re refuses, in a WHERE test or a function, is a RegexError as in MATCHING: under
+    # the construct where it is a literal (quotes doubled inside), else under the expression
+    ("SELECT regexp_replace(text, '(a', 'b') AS x MATCHING 'a'", RegexError, "(", "missing ), unterminated"),
+    ("SELECT regexp_extract(text, '(') AS g MATCHING 'a'", RegexError, "(", "regexp_extract(): missing )"),
+    ("SELECT text MATCHING 'a' WHERE text MATCHES 'it''s('", RegexError, "(", "missing ), unterminated"),
+    ("SELECT text MATCHING 'a' WHERE text MATCHES 'b' || '(a'", RegexError, "'b' || '(a'",
+     "at character 2 of the regex"),
 ]
 
 

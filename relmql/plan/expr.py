@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from .. import stats
+from ..errors import RegexError
 from ..records import COLUMN_KINDS, COMPUTED_COLUMNS
 from ..syntax import ast as A
+from ..syntax.parser import string_offsets
 from .options import PlanError, shown, whole_number
 
 _REGEX_SPECIAL = set(".^$*+?{}[]\\|()")
@@ -68,6 +70,19 @@ def _drop_last_word(s: str) -> str:
     s = s.rstrip()
     cut = max(s.rfind(" "), s.rfind("\n"), s.rfind("\t"))
     return s[:cut].rstrip() if cut >= 0 else ""
+
+
+def _regex_error(e: re.error, node: A.Node, what: str = "") -> RegexError:
+    """A regex that ``re`` refuses, reported as one in MATCHING is: under the construct where the
+    regex is a string literal, else under the expression that gave it, the place in words."""
+    pos = e.pos if e.pos is not None else 0
+    raw = "'" + node.value.replace("'", "''") + "'" if isinstance(node, A.Literal) and isinstance(node.value, str) \
+        else None  # its source text, where the literal was written as such (its span says so)
+    if raw is not None and len(raw) == node.span[1] - node.span[0]:
+        offsets = string_offsets(raw, node.span[0])
+        at = offsets[min(pos, len(offsets) - 1)]
+        return RegexError(what + e.msg, (at, at + 1))
+    return RegexError(f"{what}{e.msg}, at character {pos + 1} of the regex", node.span)
 
 
 def _regexp_extract(s: str, pattern: str, group=0):
@@ -319,7 +334,7 @@ def evaluate(node: A.Node, env: Env) -> Any:
         try:
             found = re.fullmatch(pattern, _text(v, node.operand)) is not None
         except re.error as e:
-            raise PlanError(f"bad regex: {e}", node.pattern.span) from None
+            raise _regex_error(e, node.pattern) from None
         return found != node.negated
     if isinstance(node, A.IsNull):
         return (evaluate(node.operand, env) is None) != node.negated
@@ -412,8 +427,8 @@ def _call(node: A.Call, env: Env):
     try:
         return fn.impl(*args)
     except re.error as e:  # under the argument that holds the regex
-        span = next((a.span for a, v in zip(node.args, args) if isinstance(v, str) and v == e.pattern), node.span)
-        raise PlanError(f"{name}(): bad regex: {e}", span) from None
+        arg = next((a for a, v in zip(node.args, args) if isinstance(v, str) and v == e.pattern), node)
+        raise _regex_error(e, arg, f"{name}(): ") from None
     except (ValueError, IndexError, OverflowError) as e:
         raise PlanError(f"{name}(): {e}", node.span) from None
 
