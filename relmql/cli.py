@@ -21,7 +21,7 @@ from typing import IO, Callable, Dict, List, Optional
 from . import __version__
 from .errors import Error
 
-EXIT_ERROR, EXIT_CANCELLED = 1, 130
+EXIT_ERROR, EXIT_USAGE, EXIT_CANCELLED = 1, 2, 130
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,19 +109,23 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _main(args) -> int:
-    try:
-        params = args.param
-        if args.plot:
-            from .output.plot import check_path
+    params = args.param
+    if args.plot:
+        from .output.plot import check_path
+        try:
             check_path(args.plot)
+        except Error as e:  # a file that cannot be written
+            print(e.render(), file=sys.stderr)
+            return EXIT_ERROR
+    try:
         from .api import Connection
         con = Connection(model=args.model, device=args.device, dtype=args.dtype, seed=args.seed,
                          progress=not args.no_progress, workers=args.workers, address=args.ray_address,
                          threads=args.threads, engine=args.engine)
         con.models.after_load = _freeze_collector
-    except Error as e:
+    except Error as e:  # a value on the command line that relmql refuses: a wrong command line, as argparse's
         print(e.render(), file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_USAGE
     scripts = [("-c", c) for c in args.command or []]
     for f in args.files:
         try:

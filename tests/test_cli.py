@@ -270,6 +270,19 @@ def test_bad_param_is_an_error(capsys, bad):
     assert info.value.code == 2 and err.startswith("usage: ") and "--param takes NAME=VALUE" in err
 
 
+@pytest.mark.parametrize("flag, value, says", [("--seed", "-1", "seed must be at least 0"),
+                                               ("--threads", "0", "threads must be at least 1"),
+                                               ("--device", "tpu", "device is cpu, cuda"),
+                                               ("--model", "smolm2", "model error: unknown model 'smolm2'")])
+def test_a_flag_value_relmql_refuses_is_a_wrong_command_line(capsys, flag, value, says):
+    """As a value argparse refuses (``--seed abc``): exit status 2, nothing run, one message."""
+    args = [flag, value, "-c", "SELECT text MATCHING 'a';"]
+    code = main(["--no-progress", *args]) if flag == "--model" else main([*TINY, *args])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.startswith(says if flag == "--model" else "error: " + says)
+    assert "Traceback" not in err and ("did you mean 'smollm2-135m'" in err if flag == "--model" else True)
+
+
 def test_param_names_in_any_script(capsys):
     code, out, err = run(capsys, "-p", "caf\u00e9=2", "-p", "1st=x", "-c", "SELECT :caf\u00e9 * 2 AS n, :1st AS f MATCHING 'a';")
     assert code == 0, err
@@ -353,7 +366,6 @@ def test_dash_c_errors_have_a_caret_without_a_file_name(capsys):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--model", "smolm2", "-c", "SELECT text MATCHING 'a';"], "did you mean 'smollm2-135m'"),
     (["no/such/file.rql"], "cannot read no/such/file.rql"),
     (["-c", "SELECT text MATCHING 'a' FOR EACH ROW IN 'no/such/rows.jsonl';"], "no data file"),
     (["-c", "SELECT text MATCHING '(a)\\1';"], "back-references"),
