@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
-from .errors import Error, closest
+from .errors import Error, ModelError, closest
 from .memory import approx_bytes, format_size
 from .models import BUILTIN_MODELS, LanguageModel, ModelCache
 from .output import render_table
@@ -339,7 +339,8 @@ class Connection:
         self._cluster = None
         self._cluster_key: Optional[tuple] = None  # the settings it was started with
         self.closed = False
-        given = dict(options, model=model, device=device, dtype=dtype, seed=seed, engine=engine)
+        given = dict(options, engine=engine, model=model, device=device, dtype=dtype, seed=seed)  # engine first:
+        # whether a GPU device must be on this machine depends on it
         if address is not None:  # else ray_address=, as any option, may be among the options
             given["ray_address"] = address
         for name, value in given.items():
@@ -365,7 +366,22 @@ class Connection:
         if spec.name == "threads" and value is not None:
             import torch
             torch.set_num_threads(value)
+        if spec.name in ("device", "engine"):
+            self._check_gpu(dict(self.settings, **{spec.name: value}), span, source)
         self.settings[spec.name] = value
+
+    @staticmethod
+    def _check_gpu(settings: Dict[str, Any], span, source) -> None:
+        """Refuse a CUDA device the in-process engine would not find on this machine (when it is
+        set, not at the next query); the Ray engine's workers may have the GPUs this one lacks."""
+        device = str(settings["device"] or "")
+        if settings["engine"] == "ray" or not device.startswith("cuda"):
+            return
+        import torch
+        if not torch.cuda.is_available():
+            raise ModelError(f"device {device!r}: torch sees no CUDA GPU on this machine", span, source,
+                             hint="SET device = DEFAULT (cpu here); the Ray engine (SET engine = 'ray', first) "
+                                  "runs on the GPUs of its workers")
 
     def cluster(self):
         """The Ray engine's workers for the current settings (started on first use)."""

@@ -322,6 +322,25 @@ def test_set_refuses_a_model_or_device_that_names_nothing(con, tmp_path):
         relmql.connect(model="nosuch")
 
 
+def test_a_gpu_this_machine_lacks_is_refused_at_the_set_unless_ray_runs_the_queries(con, monkeypatch):
+    """In-process, a CUDA device torch cannot see fails where it is set (with a caret), not at
+    every query after it; the Ray engine's workers may have the GPUs the driver lacks."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on CI, GPU or not
+    session = fresh(con)
+    statement = "SET device = 'cuda:0'"
+    with pytest.raises(relmql.ModelError, match="torch sees no CUDA GPU on this machine") as info:
+        session.sql(statement)
+    assert statement[info.value.span[0]:info.value.span[1]] == "'cuda:0'" and "DEFAULT" in info.value.hint
+    assert session.settings["device"] == con.settings["device"]
+    with pytest.raises(relmql.ModelError, match="no CUDA GPU"):
+        relmql.connect(model="tiny-gpt2", device="cuda")
+    ray = relmql.connect(model="tiny-gpt2", device="cuda", engine="ray")  # no worker starts before a query
+    assert ray.settings["device"] == "cuda"
+    with pytest.raises(relmql.ModelError, match="no CUDA GPU"):  # back in this process
+        ray.sql("SET engine = 'local'")
+
+
 def test_connection_is_a_context_manager(con):
     with fresh(con) as session:
         assert len(session.sql(SMALL + " LIMIT 1").fetchall()) == 1
