@@ -123,9 +123,10 @@ def _main(args) -> int:
                          progress=not args.no_progress, workers=args.workers, address=args.ray_address,
                          threads=args.threads, engine=args.engine)
         con.models.after_load = _freeze_collector
-    except Error as e:  # a value on the command line that relmql refuses: a wrong command line, as argparse's
+    except Error as e:  # a flag's value that no setting takes is a wrong command line, as argparse's; a model,
+        from .plan import PlanError  # a GPU or Ray that is not here is not
         print(e.render(), file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_USAGE if isinstance(e, PlanError) else EXIT_ERROR
     scripts = [("-c", c) for c in args.command or []]
     for f in args.files:
         try:
