@@ -148,6 +148,29 @@ def test_the_models_context_bounds_the_text_as_max_tokens_does(tiny, monkeypatch
     assert list(execute(long, tiny, ShortestPath(), stats=stats)) == [] and stats.no_row == ("context",)
 
 
+def test_draws_at_the_context_ask_each_state_once_whether_it_ends(tiny, monkeypatch):
+    """A draw at the context keeps the tokens after which nothing follows, which needs the arcs
+    of every state its tokens lead to; the next draw there meets most of those states again and
+    does not find their arcs again: the same samples, with fewer arcs() calls."""
+    from relmql.execute import Sample, sampling
+    monkeypatch.setattr(tiny, "max_length", 12)
+    ta = compile("[a-h ]+", tiny.vocabulary)
+    found = []
+    arcs = type(ta).arcs
+    monkeypatch.setattr(type(ta), "arcs", lambda self, state: found.append(state) or arcs(self, state))
+
+    def draw():
+        found.clear()
+        rows = [r.tokens for r in execute(ta, tiny, Sample(n=12, seed=4, max_tokens=1000))]
+        return rows, len(found)
+
+    rows, asked = draw()
+    assert max(len(r) for r in rows) == 11  # draws reach the context (12, with the start token)
+    monkeypatch.setattr(sampling, "ENDS_KEPT", 0)  # each state asked again as if for the first time
+    again, asked_each_time = draw()
+    assert again == rows and asked < asked_each_time / 2
+
+
 def test_a_prefix_longer_than_the_models_context_is_one_message(con):
     prefix = "a" + " a" * 600  # 601 tokens; tiny-gpt2 reads 512
     query = f"SELECT text MATCHING '{prefix}( b| c)' PREFIX '{prefix}'"

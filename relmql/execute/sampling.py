@@ -74,6 +74,7 @@ class _Walker:
 
 DEAD_ENDS = 64  # dead ends in a row after which local sampling gives up on a prefix
 WATCH_DRAWS = 1024  # draws between two calls of SampleStats.watch within one step (rejection redraws at once)
+ENDS_KEPT = 1 << 18  # states whose _ends_at a sampler remembers (a few MB; forgotten all at once past it)
 
 
 def sample_rng(seed: int, index: int, stream: str = "") -> random.Random:
@@ -146,6 +147,7 @@ class Sampler:
         self.next_out = 0  # the next row to release
         self.started = 0   # samples begun
         self.cancel: Optional[threading.Event] = None
+        self._ends: Dict[int, bool] = {}  # state -> _ends_at(state)
 
     def check_cancel(self) -> None:
         """Raise ``Cancelled`` once the query's cancel event is set."""
@@ -372,9 +374,15 @@ class Sampler:
     def _ends_at(self, state: int) -> bool:
         """Whether a draw that reaches ``state`` ends there at once (a string of the language with
         no completion token after it, or the first one under ``first_match``; without ``eos``)."""
-        if self.automaton.final_edits(state) < 0:
-            return False
-        return self.opts.first_match or not (~self.automaton.arcs(state).prefix).any()
+        got = self._ends.get(state)
+        if got is None:
+            # a draw at the context asks this of every state its tokens lead to (tens of thousands
+            # for an open language, a whole arcs() each), and the next draw there of most of them again
+            if len(self._ends) >= ENDS_KEPT:
+                self._ends.clear()
+            got = self._ends[state] = self.automaton.final_edits(state) >= 0 and (
+                self.opts.first_match or not (~self.automaton.arcs(state).prefix).any())
+        return got
 
 
 def _draw_full(rng: random.Random, state: ModelState, scores: RuleScores) -> int:
