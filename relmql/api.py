@@ -374,14 +374,16 @@ class Connection:
     def _check_gpu(settings: Dict[str, Any], span, source) -> None:
         """Refuse a CUDA device the in-process engine would not find on this machine (when it is
         set, not at the next query); the Ray engine's workers may have the GPUs this one lacks."""
-        device = str(settings["device"] or "")
-        if settings["engine"] == "ray" or not device.startswith("cuda"):
+        if settings["engine"] == "ray" or not str(settings["device"] or "").startswith("cuda"):
             return
-        import torch
-        if not torch.cuda.is_available():
-            raise ModelError(f"device {device!r}: torch sees no CUDA GPU on this machine", span, source,
-                             hint="SET device = DEFAULT (cpu here); the Ray engine (SET engine = 'ray', first) "
-                                  "runs on the GPUs of its workers")
+        from .models.device import resolve_device
+        try:
+            resolve_device(settings["device"])
+        except ModelError as e:
+            e.span, e.source = span, source
+            e.hint = ("SET device = DEFAULT (cpu here); the Ray engine (SET engine = 'ray', first) runs on the GPUs "
+                      "of its workers")
+            raise
 
     def cluster(self):
         """The Ray engine's workers for the current settings (started on first use)."""

@@ -255,10 +255,9 @@ class Sampler:
                     "(max_draws)")
         elif self.exact:
             hint = "use the local sampling mode (the default), or raise the draw budget (max_draws)"
-        elif not self.rules.truncation():
+        elif not (rules := self.rules.truncation()):  # "topk 40 and topp 0.9"
             hint = "raise max_tokens (a longer completion fails) or the draw budget (max_draws)"
         else:
-            rules = self.rules.truncation()  # "topk 40 and topp 0.9"
             it = "them" if " and " in rules else "it"
             hint = (f"{rules} kept none of the tokens the language allows at some step of most draws: raise {it} "
                     f"or drop {it}; or raise max_tokens or the draw budget (max_draws)")

@@ -24,7 +24,7 @@ def resolve_device(device: Optional[str]) -> torch.device:
     except (RuntimeError, TypeError) as e:
         raise ModelError(f"unknown device {device!r} (use cpu, cuda or cuda:N)") from e
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ModelError("device 'cuda' was asked for, but torch sees no CUDA GPU here")
+        raise ModelError(f"device {device!r}: torch sees no CUDA GPU on this machine")
     return dev
 
 

@@ -21,6 +21,7 @@ from ..errors import RegexError
 from ..records import COLUMN_KINDS, COMPUTED_COLUMNS
 from ..syntax import ast as A
 from ..syntax.parser import string_offsets
+from ..syntax.unparse import quote
 from .options import PlanError, shown, whole_number
 
 _REGEX_SPECIAL = set(".^$*+?{}[]\\|()")
@@ -76,7 +77,7 @@ def _regex_error(e: re.error, node: A.Node, what: str = "") -> RegexError:
     """A regex that ``re`` refuses, reported as one in MATCHING is: under the construct where the
     regex is a string literal, else under the expression that gave it, the place in words."""
     pos = e.pos if e.pos is not None else 0
-    raw = "'" + node.value.replace("'", "''") + "'" if isinstance(node, A.Literal) and isinstance(node.value, str) \
+    raw = quote(node.value) if isinstance(node, A.Literal) and isinstance(node.value, str) \
         else None  # its source text, where the literal was written as such (its span says so)
     if raw is not None and len(raw) == node.span[1] - node.span[0]:
         offsets = string_offsets(raw, node.span[0])
