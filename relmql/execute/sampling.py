@@ -326,7 +326,7 @@ class Sampler:
                 # the model reads no more tokens, but the one it scores next may still end the
                 # string where nothing follows it (as the search takes it): only such tokens remain
                 targets, back = np.unique(tgts, return_inverse=True)
-                ends = np.array([self._ends_at(q) for q in targets.tolist()], bool)[back.reshape(-1)]
+                ends = self._ends_at(targets)[back.reshape(-1)]
                 toks, tgts, cut = toks[ends], tgts[ends], not ends.all()
             else:
                 toks, tgts, cut = toks[:0], tgts[:0], len(toks) > 0  # only the end of text remains
@@ -370,17 +370,27 @@ class Sampler:
             return "end", None
         return "token", int(t)
 
-    def _ends_at(self, state: int) -> bool:
-        """Whether a draw that reaches ``state`` ends there at once (a string of the language with
-        no completion token after it, or the first one under ``first_match``; without ``eos``)."""
-        got = self._ends.get(state)
-        if got is None:
-            # a draw at the context asks this of every state its tokens lead to (tens of thousands
-            # for an open language, a whole arcs() each), and the next draw there of most of them again
-            if len(self._ends) >= ENDS_KEPT:
-                self._ends.clear()
-            got = self._ends[state] = self.automaton.final_edits(state) >= 0 and (
-                self.opts.first_match or not (~self.automaton.arcs(state).prefix).any())
+    def _ends_at(self, states: np.ndarray) -> np.ndarray:
+        """Whether a draw that reaches each of ``states`` ends there at once (a string of the
+        language with no completion token after it, or the first one under ``first_match``;
+        without ``eos``). A draw at the context asks this of every state its tokens lead to (tens
+        of thousands for an open language), and the next draw there of most of them again."""
+        if len(self._ends) + len(states) > ENDS_KEPT:
+            self._ends.clear()
+        got = np.zeros(len(states), bool)
+        new = []
+        for i, s in enumerate(states.tolist()):
+            known = self._ends.get(s)
+            if known is not None:
+                got[i] = known
+            elif self.automaton.final_edits(s) >= 0:
+                new.append(i)
+            else:
+                got[i] = self._ends[s] = False
+        if new:
+            ends = np.ones(len(new), bool) if self.opts.first_match else ~self.automaton.continues(states[new])
+            got[new] = ends
+            self._ends.update(zip(states[new].tolist(), ends.tolist()))
         return got
 
 
