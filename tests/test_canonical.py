@@ -305,42 +305,6 @@ def test_arcs_among_a_few_tokens_are_the_arcs_they_pick(request, vocab_name, pat
             state = int(arcs.targets[k])
 
 
-@pytest.mark.parametrize("vocab_name", VOCABS)
-@pytest.mark.parametrize("pattern, prefix", [("Visit https://www\\.[a-z0-9./-]{1,8}", "Visit"),
-                                             ("[^\\n]{0,5}", None), ("the (cat|dog)s?", None)])
-def test_continues_is_whether_a_state_has_completion_arcs(request, vocab_name, pattern, prefix):
-    """A draw at the context asks of thousands of states whether any token follows them
-    (``continues``, which tries a few tokens before a state's whole arcs): exactly whether the
-    state's whole arcs hold a completion token. Checked on states that random walks meet
-    (punctuation taken often: BPE's pair rule refuses most tokens after it) and on their texts
-    after other tokens, none known to the automaton asked."""
-    vocab = request.getfixturevalue(vocab_name)
-    lang = compile(pattern, vocab, prefix).language
-    whole, asked = TokenAutomaton(lang, vocab), TokenAutomaton(lang, vocab)
-    rng = np.random.default_rng(7)
-    seen = set()
-    for _ in range(12):
-        state = whole.start
-        for _ in range(8):
-            arcs = whole.arcs(state)
-            seen.update(arcs.targets.tolist())
-            if not len(arcs):
-                break
-            punct = np.flatnonzero([len(vocab.tokens[t] or b"") == 1 and not vocab.tokens[t].isalnum()
-                                    for t in arcs.tokens.tolist()])
-            k = rng.choice(punct) if len(punct) and rng.random() < 0.5 else rng.integers(len(arcs))
-            state = int(arcs.targets[k])
-    states = np.array(sorted(seen), np.int64)
-    states = states[rng.permutation(len(states))[:800]]
-    # and the same texts after other tokens (BPE's pair rule refuses all that follows some of them)
-    q, tau, lam = (np.array(x) for x in zip(*map(whole.unpack, states[:300].tolist())))
-    other = whole.pairs.right_class[rng.integers(0, len(vocab.tokens), len(q))]
-    states = np.unique(np.concatenate([states, whole._pack(q, tau, np.where(lam < whole.fb_base, other, lam))]))
-    want = np.array([len(whole.arcs(s)) > whole.arcs(s).n_prefix for s in states.tolist()], bool)
-    assert want.any() and not want.all()
-    assert asked.continues(states).tolist() == want.tolist()
-
-
 @pytest.mark.parametrize("vocab_name", ["smol_vocab", "gemma_vocab"])
 def test_arcs_of_a_batch_are_each_states_own_arcs(request, vocab_name):
     """A search's batch asks arcs_of for many states at once, the same state often more than once

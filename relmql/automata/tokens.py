@@ -371,55 +371,6 @@ class TokenAutomaton:
             got = self.arcs(state)
         return len(got) > 0
 
-    def continues(self, states: Sequence[int]) -> np.ndarray:
-        """Whether a completion token follows each of ``states``: exactly ``(~arcs(s).prefix).any()``,
-        but a new state of a canonical completion is first tried on a few of its tokens (all
-        states at once, as ``arcs_of`` finds them); one that takes a token whose target has a way
-        on needs no whole ``arcs()``. A draw at the model's context asks this of tens of
-        thousands of states."""
-        out = np.zeros(len(states), bool)
-        rest, probe = [], []
-        for i, state in enumerate(states):
-            got = self._arcs_cache.get(int(state))
-            if got is not None:
-                out[i] = len(got) > got.n_prefix
-                continue
-            q, tau, lam = self.unpack(state)
-            if self.phase[q] != 0 and not self._reads_on[q]:
-                continue  # a completion state whose text reads no more bytes: no token at all
-            if self._per_token(q, lam):
-                probe.append((i, q, tau, lam))
-            else:
-                rest.append(i)
-        for most in (8, 64):  # a few tokens first, then more for the states none of those showed
-            if not probe:
-                break
-            (rows, _, tgts, _), = self._new_arcs([(i, q, tau, lam, self._probe_tokens(q, most))
-                                                  for i, q, tau, lam in probe])
-            # a kept token is one of arcs()'s unless its look-ahead finds no way on: ask that of
-            # each state's first kept token (memoized; at once where the byte state reads on widely)
-            first = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]]) if len(rows) else rows
-            for b, t in zip(rows[first].tolist(), tgts[first].tolist()):
-                out[b] = self._alive(t, 1, LOOKAHEAD)
-            probe = [x for x in probe if not out[x[0]]]
-        rest += [i for i, *_ in probe]
-        for i in rest:
-            arcs = self.arcs(int(states[i]))
-            out[i] = len(arcs) > arcs.n_prefix
-        return out
-
-    def _probe_tokens(self, q: int, most: int) -> np.ndarray:
-        """A few of the tokens byte state ``q`` reads (all where they are few), spread over the
-        vocabulary's ids, sorted (memoized)."""
-        key = ("probe", q, most)
-        got = self._live_cache.get(key)
-        if got is None:
-            toks = self._dfa_arcs(q)[0]
-            if len(toks) > most:
-                toks = np.unique(toks[np.linspace(0, len(toks) - 1, most).astype(np.int64)])
-            got = self._live_cache[key] = toks
-        return got
-
     @functools.cached_property
     def _reads_on(self) -> np.ndarray:
         """Whether each byte state reads another byte."""

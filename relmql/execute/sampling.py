@@ -74,7 +74,7 @@ class _Walker:
 
 DEAD_ENDS = 64  # dead ends in a row after which local sampling gives up on a prefix
 WATCH_DRAWS = 1024  # draws between two calls of SampleStats.watch within one step (rejection redraws at once)
-ENDS_KEPT = 1 << 18  # states whose _ends_at a sampler remembers (a few MB; forgotten all at once past it)
+FINALS_KEPT = 1 << 18  # states whose _final_at a sampler remembers (a few MB; forgotten all at once past it)
 
 
 def sample_rng(seed: int, index: int, stream: str = "") -> random.Random:
@@ -147,7 +147,7 @@ class Sampler:
         self.next_out = 0  # the next row to release
         self.started = 0   # samples begun
         self.cancel: Optional[threading.Event] = None
-        self._ends: Dict[int, bool] = {}  # state -> _ends_at(state)
+        self._finals: Dict[int, bool] = {}  # state -> _final_at(state)
 
     def check_cancel(self) -> None:
         """Raise ``Cancelled`` once the query's cancel event is set."""
@@ -243,7 +243,8 @@ class Sampler:
         """The error when the draws run out, and what to change: rejection redraws whenever the
         model leaves the language; a local draw fails only where the decoding rules keep none of
         the tokens the language allows, or where the completion reaches max_tokens or the model's
-        context (which the message then names: local draws that reach it cannot end there)."""
+        context (which the message then names: a local draw that reaches it ends there only with
+        a last token that ends a string of the language)."""
         got = f"{self.next_out:,} sample" + ("" if self.next_out == 1 else "s")
         why, hint = "the language is too improbable for this sampler", None
         reached = f"draws reached the {self.context:,} tokens the model reads before a string of the language ended"
@@ -323,10 +324,10 @@ class Sampler:
         if len(w.tokens) >= opts.max_tokens or last:
             cause = "max_tokens" if len(w.tokens) >= opts.max_tokens else "context"
             if last and not self.rules.eos:
-                # the model reads no more tokens, but the one it scores next may still end the
-                # string where nothing follows it (as the search takes it): only such tokens remain
+                # the model reads no more tokens, but the one it scores next may still end a string
+                # of the language (cut there, as max_tokens cuts one, and as the search takes it)
                 targets, back = np.unique(tgts, return_inverse=True)
-                ends = self._ends_at(targets)[back.reshape(-1)]
+                ends = self._final_at(targets)[back.reshape(-1)]
                 toks, tgts, cut = toks[ends], tgts[ends], not ends.all()
             else:
                 toks, tgts, cut = toks[:0], tgts[:0], len(toks) > 0  # only the end of text remains
@@ -370,27 +371,18 @@ class Sampler:
             return "end", None
         return "token", int(t)
 
-    def _ends_at(self, states: np.ndarray) -> np.ndarray:
-        """Whether a draw that reaches each of ``states`` ends there at once (a string of the
-        language with no completion token after it, or the first one under ``first_match``;
-        without ``eos``). A draw at the context asks this of every state its tokens lead to (tens
-        of thousands for an open language), and the next draw there of most of them again."""
-        if len(self._ends) + len(states) > ENDS_KEPT:
-            self._ends.clear()
+    def _final_at(self, states: np.ndarray) -> np.ndarray:
+        """Whether a string of the language may end at each of ``states`` (remembered: a draw at
+        the context asks this of every state its tokens lead to, tens of thousands for an open
+        language, and the next draw there of most of them again)."""
+        if len(self._finals) + len(states) > FINALS_KEPT:
+            self._finals.clear()
         got = np.zeros(len(states), bool)
-        new = []
         for i, s in enumerate(states.tolist()):
-            known = self._ends.get(s)
-            if known is not None:
-                got[i] = known
-            elif self.automaton.final_edits(s) >= 0:
-                new.append(i)
-            else:
-                got[i] = self._ends[s] = False
-        if new:
-            ends = np.ones(len(new), bool) if self.opts.first_match else ~self.automaton.continues(states[new])
-            got[new] = ends
-            self._ends.update(zip(states[new].tolist(), ends.tolist()))
+            known = self._finals.get(s)
+            if known is None:
+                known = self._finals[s] = self.automaton.final_edits(s) >= 0
+            got[i] = known
         return got
 
 
