@@ -614,9 +614,11 @@ class TokenAutomaton:
         return result
 
     def _few_arcs(self, q: int, most: int = 4096) -> bool:
-        """Whether at most about ``most`` tokens can leave byte state ``q`` (from its first bytes)."""
+        """Whether at most ``most`` tokens can leave byte state ``q``: at once where few tokens
+        begin with the bytes it reads, else counted (the tokens it reads, which its expansion
+        needs anyway: "e latte" reads few of the thousands of tokens that begin with "e")."""
         live = self.delta[q, :256] != self.dead
-        return int(self.trie.first_byte_weight[live].sum()) <= most
+        return int(self.trie.first_byte_weight[live].sum()) <= most or len(self._dfa_arcs(q)[0]) <= most
 
     def _pair_can_block(self, q: int, tau: int, region: int) -> bool:
         """Whether the token after (q, tau) must pair with the token before it: the region
