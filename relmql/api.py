@@ -475,7 +475,7 @@ class Connection:
             bar = _Progress(self.progress)
             steps = run(p, self.model, result.cancelled, bar.update, bar.total,
                         rows=remote.rows if remote is not None else None, stops=result.stops, on_note=bar.note)
-            own = keeping(result.notes)  # each step keeps its notes in this result's list
+            own = keeping(result.notes, _Progress)  # each step keeps its notes in this result's list
             try:
                 while True:
                     row = own.run(next, steps, None)
@@ -594,6 +594,8 @@ class _Progress:
 
     def close(self) -> None:
         if self.bar is not None:
+            if self.shown:  # drawn by note() alone (no row yet), which tqdm's close takes as never drawn
+                self.bar.clear()
             self.bar.close()
             self.bar.fp.flush()  # before the rows' last lines, on a stderr that is not line-buffered
             self.bar = None

@@ -35,21 +35,29 @@ Models = Callable[[ModelRef], LanguageModel]
 # the list that the notes and warnings of the query running now are also kept in (``say``; the
 # API runs each step of a query in a context of ``keeping``, so that a Result keeps its own)
 _NOTES: contextvars.ContextVar[Optional[List[str]]] = contextvars.ContextVar("relmql_notes", default=None)
+_BARS: contextvars.ContextVar = contextvars.ContextVar("relmql_bars", default=None)
 
 
 def say(line: str) -> None:
     """Write a note or warning of the query running now on stderr, and keep it in the list of
-    the context it runs in (``keeping``)."""
+    the context it runs in (``keeping``), with that context's progress bars off the screen."""
+    bars = _BARS.get()
+    if bars is not None:
+        bars.clear()
     print(line, file=sys.stderr)
+    if bars is not None:
+        bars.redraw()
     kept = _NOTES.get()
     if kept is not None:
         kept.append(line)
 
 
-def keeping(notes: List[str]) -> contextvars.Context:
-    """A context in which ``say`` also keeps its lines in ``notes`` (``Context.run`` each step)."""
+def keeping(notes: List[str], bars=None) -> contextvars.Context:
+    """A context in which ``say`` also keeps its lines in ``notes`` (``Context.run`` each step),
+    and takes ``bars`` (with ``clear()`` and ``redraw()``) off the screen while it writes one."""
     context = contextvars.copy_context()
     context.run(_NOTES.set, notes)
+    context.run(_BARS.set, bars)
     return context
 
 

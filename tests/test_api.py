@@ -413,6 +413,22 @@ def test_each_row_is_handed_out_with_the_progress_bar_cleared(con, monkeypatch):
     assert _current_line(err.getvalue()).strip() == ""  # closed: nothing left behind
 
 
+def test_a_bar_that_showed_only_notes_is_taken_off_when_the_query_ends(monkeypatch):
+    """A search that finds no row before a bound ends it shows the nodes it read (notes, no row
+    count yet) once it has run for DELAY; its end takes the bar off the line, so that the warning
+    (or the shell's "cancelled") is not written after it."""
+    from relmql import api
+    con = relmql.connect(model="tiny-gpt2", progress=True)
+    err = _on_terminal(monkeypatch)
+    monkeypatch.setattr(api._Progress, "DELAY", 0.05)  # tqdm draws nothing itself before it
+    rows = con.sql("SELECT text MATCHING 'a( [a-z]+){3}' PREFIX 'a' USING max_nodes_per_row 200 LIMIT 1")
+    assert rows.fetchall() == []
+    raw = err.getvalue()
+    assert re.search(r"0row \[.*nodes", raw)  # the bar was drawn, with its note
+    shown = [_current_line(line) for line in raw.split("\n")]  # what each line of the terminal shows
+    assert not any("row [" in line for line in shown), shown
+
+
 def test_the_bar_counts_a_search_s_nodes_before_its_row(monkeypatch):
     """A search that reads many nodes for a row says how many after each model call, against the
     bound that would end it: the rows alone would show nothing for minutes."""
