@@ -311,6 +311,9 @@ def _causes(plan: QueryPlan, causes, short: bool = False) -> str:
     if "max_prefix_tokens" in causes:
         words.append(f"the prefix reached max_prefix_tokens ({_tokens(plan.traversal.max_prefix_tokens)}) where "
                      f"PREFIX goes on (raise it)")
+    if "prefix_context" in causes:
+        words.append("the prefix filled the model's context length (the most tokens it reads) before the completion "
+                     "began (shorten PREFIX, or use a model with a longer context)")
     if "context" in causes:
         words.append("the text reached the model's context length (the most tokens it reads) where MATCHING goes on "
                      "(a model with a longer context reads on)")

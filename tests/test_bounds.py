@@ -170,7 +170,15 @@ def test_a_prefix_longer_than_the_models_context_is_one_message(con):
     prefix = "a" + " a" * 600  # 601 tokens; tiny-gpt2 reads 512
     query = f"SELECT text MATCHING '{prefix}( b| c)' PREFIX '{prefix}'"
     session = fresh(con)
-    assert session.sql(query + " LIMIT 1").fetchall() == []  # with a note: no rows, the context length
+    ranked = session.sql(query + " LIMIT 1")
+    assert ranked.fetchall() == []
+    assert [n for n in ranked.notes if n.startswith("note: no rows")] == [
+        "note: no rows: the prefix filled the model's context length (the most tokens it reads) before the "
+        "completion began (shorten PREFIX, or use a model with a longer context)"]
+    # with room for the prefix, where the completion runs into the context
+    fits = "a" + " a" * 505
+    ranked = session.sql(f"SELECT text MATCHING '{fits}( b){{8}}' PREFIX '{fits}' LIMIT 1")
+    assert ranked.fetchall() == [] and any("where MATCHING goes on" in n for n in ranked.notes)
     with pytest.raises(relmql.ModelError, match="tiny-gpt2 reads at most 512 tokens .* this query needs 602"):
         session.sql(query + " SAMPLE 1 USING max_prefix_tokens 1000").fetchall()
 

@@ -49,7 +49,7 @@ KID = np.dtype([("token", np.int64), ("state", np.int64), ("prefix", bool), ("ra
 ONE_SORT = 1 << 16  # up to this many children in a batch are sorted at once, more node by node
 CUT = 64  # nodes cut short, per cause, that a search looks at again once exhausted (ShortestPathSearch._cut)
 # why a search may end with no row, or with fewer than its language holds (SearchStats.no_row, .cut)
-NO_ROW = ("rules", "eos", "max_tokens", "max_prefix_tokens", "context")
+NO_ROW = ("rules", "eos", "max_tokens", "max_prefix_tokens", "prefix_context", "context")
 
 
 class _Node:
@@ -84,7 +84,8 @@ class SearchStats:
     no row found none (``NO_ROW``: the decoding rules kept none of the tokens the language allowed
     next, or, under ``eos``, ruled out the end-of-text token where a string ended; a completion
     or a prefix reached ``max_tokens`` or ``max_prefix_tokens``, or the text the model's
-    context length, where the language went on); ``cut``: the bounds among those
+    context length, where the language went on: ``prefix_context`` where no completion token had
+    been read yet, ``context`` where some had); ``cut``: the bounds among those
     that cut a way on short in a search that exhausted its language with rows (its rows are
     every string within the bounds, not every string of the language). ``row_at``: nodes expanded
     when the last row was released (0 before the first); ``watch(stats, opts)``, when given, is
@@ -212,7 +213,8 @@ class ShortestPathSearch:
         def completes(s: int) -> bool:
             return bool((~arcs(s).prefix).any())
         goes_on = {"rules": completes, "eos": lambda s: True, "max_tokens": completes,
-                   "max_prefix_tokens": lambda s: arcs(s).n_prefix > 0, "context": lambda s: len(arcs(s)) > 0}
+                   "max_prefix_tokens": lambda s: arcs(s).n_prefix > 0, "prefix_context": lambda s: len(arcs(s)) > 0,
+                   "context": lambda s: len(arcs(s)) > 0}
         asked = ("rules", "eos") if self.found else ()
         causes = tuple(c for c in NO_ROW if c not in asked and any(goes_on[c](s) for s in self._cut[c]))
         if self.found:
@@ -372,7 +374,7 @@ class ShortestPathSearch:
         """Whether a node can have a child or, with ``eos``, a result that needs its distribution."""
         automaton, opts, state = self.automaton, self.opts, node.state
         if 1 + node.npre + node.ncomp > self.context:  # its tokens (and the start token) fill the model's context
-            self.cut("context", [state])
+            self.cut("context" if node.ncomp else "prefix_context", [state])
             return False
         if self.rules.eos and self.final_edits(state) >= 0:
             return True
