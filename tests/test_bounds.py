@@ -179,8 +179,10 @@ def test_a_prefix_longer_than_the_models_context_is_one_message(con):
     fits = "a" + " a" * 505
     ranked = session.sql(f"SELECT text MATCHING '{fits}( b){{8}}' PREFIX '{fits}' LIMIT 1")
     assert ranked.fetchall() == [] and any("where MATCHING goes on" in n for n in ranked.notes)
-    with pytest.raises(relmql.ModelError, match="tiny-gpt2 reads at most 512 tokens .* this query needs 602"):
+    with pytest.raises(relmql.ModelError, match="tiny-gpt2 reads at most 512 tokens .* this query needs 602 "
+                                                "for a prefix") as info:
         session.sql(query + " SAMPLE 1 USING max_prefix_tokens 1000").fetchall()
+    assert info.value.hint == "shorten PREFIX, or use a model with a longer context"  # not max_tokens
 
 
 @pytest.mark.parametrize("order", ["prob", "total_prob"])
