@@ -36,7 +36,6 @@ import numpy as np
 import torch
 
 from ..automata.tokens import TokenAutomaton
-from ..errors import ModelError
 from ..memory import shares
 from ..models.base import LanguageModel, ModelState
 from ..records import Cancelled, Decoding, ExecutionError, Sample
@@ -191,9 +190,8 @@ class Sampler:
         todo = sorted({w.prefix for w in walkers if w.prefix not in prefixes})
         longest = 1 + max(map(len, todo), default=0)  # with the start token
         if longest > self.context:  # said here, where it is known to be the prefix that does not fit
-            raise ModelError(f"{self.model.name} reads at most {self.context:,} tokens (its context length), the "
-                             f"start token included; this query needs {longest:,} for a prefix",
-                             hint="shorten PREFIX, or use a model with a longer context")
+            raise self.model.context_error(longest, " for a prefix",
+                                           hint="shorten PREFIX, or use a model with a longer context")
         got = {}
         for k in range(0, len(todo), opts.batch_size):
             part = todo[k:k + opts.batch_size]

@@ -212,9 +212,12 @@ class ShortestPathSearch:
 
         def completes(s: int) -> bool:
             return bool((~arcs(s).prefix).any())
+
+        def reads_on(s: int) -> bool:
+            return len(arcs(s)) > 0
         goes_on = {"rules": completes, "eos": lambda s: True, "max_tokens": completes,
-                   "max_prefix_tokens": lambda s: arcs(s).n_prefix > 0, "prefix_context": lambda s: len(arcs(s)) > 0,
-                   "context": lambda s: len(arcs(s)) > 0}
+                   "max_prefix_tokens": lambda s: arcs(s).n_prefix > 0, "prefix_context": reads_on,
+                   "context": reads_on}
         asked = ("rules", "eos") if self.found else ()
         causes = tuple(c for c in NO_ROW if c not in asked and any(goes_on[c](s) for s in self._cut[c]))
         if self.found:

@@ -9,6 +9,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ..errors import ModelError
 from .vocab import Vocabulary
 
 
@@ -60,6 +61,14 @@ class LanguageModel(abc.ABC):
     stats: ModelStats
     approximate: Optional[str] = None  # why its probabilities are approximate; None when exact
     max_length: Optional[int] = None  # the most tokens it reads at once (its context), start token included
+
+    def context_error(self, needed: int, what: str = "",
+                      hint: str = "lower max_prefix_tokens or max_tokens, shorten PREFIX, or use a model with a "
+                                  "longer context") -> ModelError:
+        """The error of a text of ``needed`` tokens (the start token included, ``what`` it is for)
+        past what the model reads."""
+        return ModelError(f"{self.name} reads at most {self.max_length:,} tokens (its context length), the start "
+                          f"token included; this query needs {needed:,}{what}", hint=hint)
 
     @property
     def eos_id(self) -> int:

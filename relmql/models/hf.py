@@ -253,10 +253,7 @@ class TransformersModel(LanguageModel):
                 seqs.append((st.tokens, chain, new, 0))
         longest = max((len(past) + len(new) for past, _, new, _ in seqs), default=0)
         if self.max_length is not None and longest > self.max_length:
-            raise ModelError(f"{self.name} reads at most {self.max_length:,} tokens (its context length), the start "
-                             f"token included; this query needs {longest:,}",
-                             hint="lower max_prefix_tokens or max_tokens, shorten PREFIX, or use a model with a "
-                                  "longer context")
+            raise self.context_error(longest)
         return self._forward(seqs)
 
     def _forward(self, seqs) -> List[ModelState]:
