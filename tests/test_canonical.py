@@ -310,10 +310,15 @@ def test_arcs_among_a_few_tokens_are_the_arcs_they_pick(request, vocab_name, pat
     ("Mon café est (le )?(espresso|latte)", "Mon café est"),
     ("My coffee is (the |a )?(espresso|latte|cappuccino|americano)", "My coffee is"),
     ("The man was trained in (art|science|business|medicine|computer science|engineering|humanities|"
-     "social sciences|information systems|math)", "The man was trained in")])
+     "social sciences|information systems|math)", "The man was trained in"),
+    # SmolLM2's " De" and " N": " December" and " November" are single tokens, and the ways on
+    # from " De" die only some tokens later, past a look-ahead of three
+    ("George Washington was born on (January|February|March|April|May|June|July|August|September|October|"
+     "November|December) [0-9]{1,2}, [0-9]{4}", "George Washington was born on")])
 def test_no_token_leads_where_nothing_follows(request, vocab_name, pattern, prefix):
     """A token whose text every canonical continuation would merge into a longer token (Gemma's
-    " l" before "atte": "▁latte" is one token) leads nowhere, and the automaton leaves it out:
+    " l" before "atte": "▁latte" is one token; SmolLM2's " De" before "cember", which shows only
+    tokens later) leads nowhere, and the automaton leaves it out:
     a sampler that took it would have to start again (a bias). Every state a walk of the whole
     automaton reaches has a token on or ends a string. (Thousands of Gemma's tokens begin with
     "e" or "a", of which the state after " l" reads two or three.)"""

@@ -32,7 +32,8 @@ from .pretokenize import Tracker, added_runs, added_words, rules_for, tracker_fo
 from .trie import VocabTrie, trie_for
 
 CACHE_BYTES = 256 * 2 ** 20  # cached transitions per automaton until a query sets its share of max_memory
-LOOKAHEAD = 3  # tokens looked ahead for a way on where BPE's pair rule could block the next token
+ALIVE_DEPTH = 16  # tokens looked ahead for a way on where BPE's pair rule could block the next token
+ALIVE_STEPS = 4096  # states one such look-ahead steps into at most
 
 
 @dataclass
@@ -121,7 +122,9 @@ class TokenAutomaton:
         self._dfa_cache = _Lru(CACHE_BYTES // 2)
         self._arcs_cache = _Lru(CACHE_BYTES // 2)
         self._live_cache: Dict[tuple, object] = {}
-        self._alive_memo: Dict[tuple, bool] = {}
+        self._alive_memo: Dict[tuple, Tuple[int, int]] = {}  # (state, region) -> (leads on, ends within)
+        self._alive_assumed: set = set()
+        self._alive_left = 0
         self._bounds: Dict[int, Tuple[int, int]] = {}
         self._counts: Dict[Tuple[int, int, int], int] = {}
 
@@ -306,13 +309,13 @@ class TokenAutomaton:
         inv = inv.reshape(-1)
         gq, gt = (groups & ((1 << self.bq) - 1)).tolist(), (groups >> self.bq).tolist()
         alive = np.array([self._live(a, b, 1) for a, b in zip(gq, gt)], bool)
-        check = np.array([live and self._pair_can_block(a, b, 1) and self._few_arcs(a, 32)
+        check = np.array([live and self._pair_can_block(a, b, 1) and self._few_arcs(a)
                           for live, a, b in zip(alive.tolist(), gq, gt)], bool)
         keep = alive[inv]
         idx = np.flatnonzero(check[inv])
         if len(idx):
             states, back = np.unique(self._pack(tq[idx], end[idx], lam2[idx]), return_inverse=True)
-            fine = np.array([self._alive(s, 1, LOOKAHEAD) for s in states.tolist()], bool)
+            fine = np.array([self._alive(s, 1) for s in states.tolist()], bool)
             keep[idx] = fine[back.reshape(-1)]
         r, toks, tq, end, lam2 = r[keep], toks[keep], tq[keep], end[keep], lam2[keep]
         # byte-fallback and added tokens, after BPE's, where a chunk may end before them: the kept
@@ -436,19 +439,19 @@ class TokenAutomaton:
             return self._dfa_arcs(q)
         toks, tq, end, lam2, groups = self._step(q, tau, lam, region)
         if groups is not None:
-            # BPE's pair rule may block every next token: look a few tokens ahead for a way on (for
-            # a crowd of siblings only where few tokens could come next at all)
+            # BPE's pair rule may block every next token: look ahead for a way on (for a crowd of
+            # siblings only where the next token must pair with theirs and few can come next)
             n = len(groups.key)  # byte-fallback and added tokens after them are not checked
             check = np.zeros(len(toks), bool)
             check[:n] = groups.counts[groups.key] <= 64
             for k in np.flatnonzero(groups.counts > 64).tolist():
                 q2, t2 = groups.state(k)
-                if self._pair_can_block(q2, t2, region) and self._few_arcs(q2, 32):
+                if self._pair_can_block(q2, t2, region) and self._few_arcs(q2):
                     check[:n] |= groups.key == k
             idx = np.flatnonzero(check)
             if len(idx):
                 states, inv = np.unique(self._pack(tq[idx], end[idx], lam2[idx]), return_inverse=True)
-                ok = np.array([self._alive(s, region, LOOKAHEAD) for s in states.tolist()], bool)
+                ok = np.array([self._alive(s, region) for s in states.tolist()], bool)
                 keep = np.ones(len(toks), bool)
                 keep[idx] = ok[inv.reshape(-1)]
                 if not keep.all():
@@ -595,22 +598,50 @@ class TokenAutomaton:
             return codes, evals
         return self.tracker.walk((self.vocabulary.fingerprint, tau), compute)
 
-    def _alive(self, state: int, region: int, depth: int) -> bool:
-        """Whether the region's text may end at ``state`` or, looking ``depth`` tokens ahead,
-        some token sequence leads on (chains of forced tokens that end in a pair BPE never
-        produces are cut); beyond ``depth``, and from a state thousands of tokens leave (as
-        ``_pair_can_block`` assumes), a way on is assumed."""
-        key = (state, region, depth)
-        got = self._alive_memo.get(key)
-        if got is not None:
-            return got
+    def _alive(self, state: int, region: int) -> bool:
+        """Whether the region's text may end at ``state`` or some token sequence leads from it to
+        where it may (chains of tokens that end in a pair BPE never produces are cut): looked
+        ``ALIVE_DEPTH`` tokens ahead, beyond which, from a state thousands of tokens leave (as
+        ``_pair_can_block`` assumes), or after ``ALIVE_STEPS`` states stepped into, a way on is
+        assumed. The answer is the same whenever asked (a chunk of children read again counts on
+        it): within the depth it is a function of the automaton; one the step bound cut is kept."""
+        key = (state, region)
+        if key in self._alive_assumed:
+            return True
+        self._alive_left = ALIVE_STEPS
+        got = self._alive_within(state, region, ALIVE_DEPTH)
+        if self._alive_left <= 0:
+            self._alive_assumed.add(key)
+            return True
+        return got
+
+    def _alive_within(self, state: int, region: int, depth: int) -> bool:
+        """``_alive`` looking ``depth`` tokens ahead. Remembered per state as the depth it is known
+        to lead on to and the depth it is known to end within: a state that leads on ``d``
+        tokens does for any fewer, one whose every way ends within ``d`` tokens does for more."""
+        if depth <= 0:
+            return True
+        key = (state, region)
+        on, ends = self._alive_memo.get(key, (0, ALIVE_DEPTH + 1))
+        if depth <= on:
+            return True
+        if depth >= ends:
+            return False
+        if self._alive_left <= 0:
+            return True  # not remembered: _alive keeps the answer it gives
         q, tau, lam = self.unpack(state)
-        result = True
-        if depth > 0 and not self._region_end_ok(q, tau, region) and self._few_arcs(q):
-            _, tq, end, lam2, _ = self._step(q, tau, lam, region)
-            targets = np.unique(self._pack(tq, end, lam2))
-            result = any(self._alive(s, region, depth - 1) for s in targets.tolist())
-        self._alive_memo[key] = result
+        if self._region_end_ok(q, tau, region) or not self._few_arcs(q):
+            self._alive_memo[key] = (ALIVE_DEPTH, ends)
+            return True
+        self._alive_left -= 1
+        toks, tq, end, lam2, _ = self._step(q, tau, lam, region)
+        # the longest tokens first: a long forced text is crossed in the fewest steps
+        order = np.argsort(-self.trie.depth[self.trie.token_node[toks]], kind="stable")
+        targets = dict.fromkeys(self._pack(tq[order], end[order], lam2[order]).tolist())
+        result = any(self._alive_within(t, region, depth - 1) for t in targets)
+        if self._alive_left > 0:
+            on, ends = self._alive_memo.get(key, (0, ALIVE_DEPTH + 1))
+            self._alive_memo[key] = (max(on, depth), ends) if result else (on, min(ends, depth))
         return result
 
     def _few_arcs(self, q: int, most: int = 4096) -> bool:
