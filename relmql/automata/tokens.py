@@ -152,6 +152,12 @@ class TokenAutomaton:
         lam = state >> (self.bq + self.bt)
         return q, tau, lam
 
+    def _unpack_all(self, states: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``unpack`` of many states at once, as arrays."""
+        q = states & ((1 << self.bq) - 1)
+        tau = (states >> self.bq) & ((1 << self.bt) - 1) if self.bt else np.zeros_like(states)
+        return q, tau, states >> (self.bq + self.bt)
+
     def _fresh(self, region: int) -> int:
         return self.tracker.start if self.canonical[region] else 0
 
@@ -227,21 +233,19 @@ class TokenAutomaton:
         once."""
         pieces = []  # (rows, tokens, targets, prefix), each row in exactly one piece or one group's two
         groups: Dict[int, List[int]] = {}
-        new = []  # (row, q, tau, lam, kept): states whose arcs are found for their kept tokens
-        per_token = kept is not None and self.canonical[1]  # only a canonical completion's states can be
-        for b, state in enumerate(states):
-            state = int(state)
-            if per_token and kept[b] is not None:
-                # found for the kept tokens even where the whole state's arcs are cached: the same
-                # (state, tokens) always gives the same list, which a chunk of children read again
-                # (CHUNK) counts on
-                q, tau, lam = self.unpack(state)
-                if self._per_token(q, lam):
-                    new.append((b, q, tau, lam, kept[b]))
-                    continue
+        states = np.asarray(states, np.int64).reshape(-1)
+        mine = np.zeros(len(states), bool)  # rows whose arcs are found for their kept tokens
+        if kept is not None and self.canonical[1]:  # only a canonical completion's states can be
+            # found for the kept tokens even where the whole state's arcs are cached: the same
+            # (state, tokens) always gives the same list, which a chunk of children read again
+            # (CHUNK) counts on
+            q, tau, lam = self._unpack_all(states)
+            mine = self._per_token_all(q, lam) & np.array([k is not None for k in kept], bool)
+            if mine.any():
+                at = np.flatnonzero(mine)
+                pieces += self._new_arcs(at, q[at], tau[at], lam[at], [kept[b] for b in at.tolist()])
+        for b, state in zip(np.flatnonzero(~mine).tolist(), states[~mine].tolist()):
             groups.setdefault(state, []).append(b)
-        if new:
-            pieces += self._new_arcs(new)
         for state, rows in groups.items():
             arcs = self.arcs(state)
             whole = [b for b in rows if kept is None or kept[b] is None]
@@ -270,22 +274,24 @@ class TokenAutomaton:
             rows, toks, tgts, pre = rows[order], toks[order], tgts[order], pre[order]
         return rows.astype(np.int64, copy=False), toks, tgts, pre
 
-    def _new_arcs(self, new: List[Tuple[int, int, int, int, np.ndarray]]) -> List[Tuple[np.ndarray, ...]]:
-        """``arcs_of``'s piece for new states of a canonical completion, each found for its kept
-        tokens, all states at once: what ``_region_arcs`` does for one state, on flat arrays of
-        (state, token) with one lookup per distinct byte state and tracker state, not per state."""
-        lam_r = np.array([lam for _, _, _, lam, _ in new], np.int64)
-        bounds = np.array([self._boundaries(tau) for _, _, tau, _, _ in new], np.int64).reshape(-1, 2)
+    def _new_arcs(self, rows: np.ndarray, qs: np.ndarray, tau_of: np.ndarray, lam_r: np.ndarray,
+                  kept: List[np.ndarray]) -> List[Tuple[np.ndarray, ...]]:
+        """``arcs_of``'s piece for new states of a canonical completion (batch rows ``rows``, as
+        byte state, tracker state and class), each found for its kept tokens, all states at once:
+        what ``_region_arcs`` does for one state, on flat arrays of (state, token) with one lookup
+        per distinct byte state and tracker state, not per state."""
+        known, back = np.unique(tau_of, return_inverse=True)
+        bounds = np.array([self._boundaries(t) for t in known.tolist()], np.int64).reshape(-1, 2)[back.reshape(-1)]
         # the tokens each state's byte state reads among its kept ones (looked up once per byte state)
-        by_q: Dict[int, List[int]] = {}
-        for i, (_, q, _, _, _) in enumerate(new):
-            by_q.setdefault(q, []).append(i)
+        lens = np.fromiter(map(len, kept), np.int64, len(kept))
+        flat, flat_r = np.concatenate(kept), np.repeat(np.arange(len(kept)), lens)
+        flat_q = qs[flat_r]
         parts = []
-        for q, idx in by_q.items():
+        for q in np.unique(qs).tolist():
+            sel = np.flatnonzero(flat_q == q)
             toks, tq = self._dfa_arcs(q)
-            want = [new[i][4] for i in idx]
-            pos, hit = _lookup(toks, want)
-            parts.append((np.repeat(idx, [len(w) for w in want])[hit], toks[pos[hit]], tq[pos[hit]]))
+            pos, hit = _lookup(toks, [flat[sel]])
+            parts.append((flat_r[sel[hit]], toks[pos[hit]], tq[pos[hit]]))
         r, toks, tq = (np.concatenate(x).astype(np.int64, copy=False) for x in zip(*parts))
         # BPE's pair test against the token before, then the tracker over each token's bytes from
         # the boundary before it (where BPE produces the pair, or where it does not)
@@ -322,14 +328,12 @@ class TokenAutomaton:
         # tokens that are such tokens, looked up among those each byte state reads (once per state)
         extra = []
         if self._extra_tokens is not None:
-            among = [x[4] for x in new]
-            flat = np.concatenate(among)
-            at = np.repeat(np.arange(len(new)), [len(x) for x in among])
+            at = flat_r
             hit = np.flatnonzero(self._extra_tokens[flat])
-            ends = {i: self.tracker.accepts_end(new[i][2]) for i in np.unique(at[hit]).tolist()}
+            ends = {i: self.tracker.accepts_end(int(tau_of[i])) for i in np.unique(at[hit]).tolist()}
             hit = hit[np.array([ends[i] for i in at[hit].tolist()], bool).reshape(-1)]
             hr, ht = at[hit], flat[hit]
-            hq = np.array([new[i][1] for i in hr.tolist()], np.int64)
+            hq = qs[hr]
             for q in np.unique(hq).tolist():
                 mine = hq == q
                 steps = ([self._fallback_step(q, 0, 1)[:4]] if self.fb is not None else []) + (
@@ -344,8 +348,7 @@ class TokenAutomaton:
         # each state's arcs by token (stable: BPE's before the others of the same token)
         order = np.argsort(r * len(self.vocabulary.tokens) + toks, kind="stable")
         r, toks = r[order], toks[order]
-        rows = np.array([b for b, _, _, _, _ in new], np.int64)[r]
-        return [(rows, toks, self._pack(tq[order], end[order], lam2[order]), np.zeros(len(toks), bool))]
+        return [(rows[r], toks, self._pack(tq[order], end[order], lam2[order]), np.zeros(len(toks), bool))]
 
     @functools.cached_property
     def _extra_tokens(self) -> Optional[np.ndarray]:
@@ -383,6 +386,12 @@ class TokenAutomaton:
         """Whether a state's arcs are costly and can be found for a few tokens alone: a state of
         a canonical completion after a BPE token (not inside a byte-fallback character)."""
         return self.phase[q] != 0 and self.canonical[1] and lam < self.fb_base
+
+    def _per_token_all(self, q: np.ndarray, lam: np.ndarray) -> np.ndarray:
+        """``_per_token`` of many states at once."""
+        if not self.canonical[1]:
+            return np.zeros(len(q), bool)
+        return (self.phase[q] != 0) & (lam < self.fb_base)
 
     def accepts(self, tokens, prefix_len: Optional[int] = None) -> bool:
         """Whether a token sequence is in the automaton (with the first ``prefix_len`` tokens
