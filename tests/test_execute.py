@@ -717,17 +717,19 @@ def test_rows_tied_at_the_topk_threshold_keep_every_tied_token(topp):
 
 
 @pytest.mark.parametrize("vocab", [49152, 50257, 262144])
-def test_blockwise_top_on_a_cpu_without_ties_between_blocks(vocab):
-    """decoding.top's CPU path (the k-th largest block maximum, then a sort of the values at or
-    above it), which rows with tied block maxima leave to torch.topk: against torch.topk on
-    random rows of float32 and float64, with equal values inside the chosen blocks, the best
-    values in the last partial block, and rows apart in memory."""
+def test_blockwise_top_on_a_cpu(vocab):
+    """decoding.top's CPU path (a bound at most the k-th largest value from the maxima of groups
+    of blocks, then a sort of the values at or above it): against torch.topk on random rows of
+    float32 and float64, with equal values inside the chosen blocks, rows whose block maxima
+    tie (bfloat16-like values), the best values in the last partial block, and rows apart in
+    memory."""
     from relmql.execute.decoding import BLOCK, _top_cpu, top
     gen = torch.Generator().manual_seed(1)
     x = torch.log_softmax(torch.randn(48, vocab, generator=gen) * 3, -1)
     best = x.argmax(1)
     x[torch.arange(48), best ^ 1] = x[torch.arange(48), best]  # a tie inside a block, at the top
     x[5, -3:] = 5.0  # in the columns past the last whole block (none where vocab is a multiple)
+    x[7:9] = torch.round(x[7:9] * 2) / 2  # block maxima tied across blocks, at the k-th value too
     wide = torch.cat([x[:, :1], x], 1)[:, 1:]
     for k in (1, 2, 41, 96):
         for rows in (x, wide, x.double()):
