@@ -231,6 +231,9 @@ def contingency(rows: Sequence[Mapping[str, Any]], a: str, b: str, weight: Optio
     return [unkey(k) for k in a_keys], [unkey(k) for k in b_keys], table
 
 
+MAX_TEST_DRAWS = 10 ** 12  # draws a probability may stand for in a test (far more overflow scipy's arithmetic)
+
+
 def chi2_independence(rows: Sequence[Mapping[str, Any]], a: str, b: str, weight: Optional[str] = None,
                       n_per_row: Optional[float] = None) -> Chi2Result:
     """The χ² test of independence of columns ``a`` and ``b`` of ``rows`` (dicts).
@@ -251,8 +254,8 @@ def chi2_independence(rows: Sequence[Mapping[str, Any]], a: str, b: str, weight:
         raise ValueError(f"a test of independence needs at least two values of {a} and of {b} with nonzero "
                          f"cells; found {table.shape[0]} × {table.shape[1]}")
     if n_per_row is not None:
-        if not n_per_row > 0:
-            raise ValueError(f"n_per_row must be positive, not {n_per_row!r}")
+        if not 0 < n_per_row <= MAX_TEST_DRAWS:
+            raise ValueError(f"n_per_row must be positive and at most {MAX_TEST_DRAWS:.0e}, not {n_per_row!r}")
         table = table / table.sum(axis=1, keepdims=True) * n_per_row
     stat, p, dof, _ = chi2_contingency(table, correction=False)
     n = float(table.sum())
@@ -262,4 +265,4 @@ def chi2_independence(rows: Sequence[Mapping[str, Any]], a: str, b: str, weight:
 
 
 __all__ = ["Estimate", "wilson", "estimate_mean", "probability", "ci_bound", "chi2_independence", "contingency", "Chi2Result", "format_p",
-           "sort_key", "DEFAULT_CONFIDENCE"]
+           "sort_key", "DEFAULT_CONFIDENCE", "MAX_TEST_DRAWS"]

@@ -298,6 +298,7 @@ def test_connect_takes_options_as_keywords(con):
     ({"seed": -1}, "seed must be at least 0"),
     ({"device": "tpu"}, "device is cpu, cuda, cuda:N or auto, not 'tpu'"),
     ({"temperature": 1e-45}, "temperature must be at least 1e-30"),  # the logits overflowed: no row, no word
+    ({"test_draws": 1e300}, "test_draws must be at most 1e+12, not 1e+300"),  # past it scipy's sums overflow
 ])
 def test_bad_connect_options_are_clean_errors(options, words):
     with pytest.raises(PlanError) as info:

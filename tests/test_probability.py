@@ -568,6 +568,9 @@ def test_chi2_matches_scipy_on_counts_and_on_probabilities():
     assert "χ²" in t2.summary() and "5,000 draws per g" in t2.summary()
     with pytest.raises(ValueError):
         chi2_independence(rows[:3], "g", "f", weight="n")  # one gender: nothing to compare
+    for n in (0, 1e300, math.inf):  # past 1e12 draws scipy's sums overflow (a warning and its own error)
+        with pytest.raises(ValueError, match="n_per_row must be positive and at most 1e\\+12"):
+            chi2_independence(probs, "g", "f", weight="n", n_per_row=n)
     flags = [dict(r, g=g) for r, g in zip(rows, [True, True, True, 1, 1, 1])]  # true is not 1
     t3 = chi2_independence(flags, "g", "f", weight="n")
     assert t3.statistic == pytest.approx(stat) and t3.a_values == (1, True)

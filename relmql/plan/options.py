@@ -17,7 +17,7 @@ from ..records import (DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_MAX_STATES, DTYPES
                        EXACT_LIMIT, MAX_EDITS, MAX_NODES_PER_ROW, MAX_PREFIX_TOKENS, MAX_TOKENS, SAMPLE_BATCH_SIZE,
                        SAMPLING_MODES, SEARCH_BATCH_SIZE, SEARCH_MAX_BATCH_SIZE, TOKENIZATIONS, CompileOptions, Decoding,
                        Sample)
-from ..stats import DEFAULT_CONFIDENCE
+from ..stats import DEFAULT_CONFIDENCE, MAX_TEST_DRAWS
 
 
 def shown(value: Any) -> str:
@@ -26,6 +26,8 @@ def shown(value: Any) -> str:
         return "(" + ", ".join(shown(v) for v in value) + ")"
     if value is None or isinstance(value, (str, bool)):
         return unparse(A.Literal(value))
+    if isinstance(value, int) and abs(value) >= 10 ** 15:
+        return f"{value:.3g}"  # 1e+300, not its 301 digits
     return repr(value)  # a number as Python writes it: -1, 2.5, 3.8e-05
 
 
@@ -197,7 +199,7 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
                "the confidence level of intervals and estimates", low=0, high=1, low_open=True, high_open=True),
     OptionSpec("test_draws", "int", 5000, "test",
                "TEST INDEPENDENCE over probabilities: how many draws per value of the first variable they "
-               "stand for (the ReLM paper drew 5000 per gender)", low=1),
+               "stand for (the ReLM paper drew 5000 per gender)", low=1, high=MAX_TEST_DRAWS),
     OptionSpec("device", "text", DEFAULT_DEVICE, "model", "where the model runs: cpu, cuda, cuda:N or auto",
                validate=_check_device),
     OptionSpec("dtype", "choice", DEFAULT_DTYPE, "model",
