@@ -466,6 +466,7 @@ class _Held:
 
     def __init__(self, plan: Plan):
         self.bytes, self.rows, self.budget = 0, 0, None
+        self._estimates: set = set()  # probability()'s estimates met (ids of their Mass)
         if isinstance(plan, QueryPlan):
             self._share(plan)
             n = plan.traversal.n if isinstance(plan.traversal, Sample) else 0
@@ -483,6 +484,14 @@ class _Held:
             return
         if self.budget is None:  # a dataset's: its first query's
             self._share(env.plan)
+        mass = getattr(env, "mass", None)
+        if mass is not None and not mass.exact and id(mass) not in self._estimates:
+            self._estimates.add(id(mass))  # its draws are known before they are held: refused at the first
+            need = mass.draws * self.LEAST
+            if self.bytes + need > self.budget:
+                raise self._error(f"probability() estimates from {mass.draws:,} draws (estimate_samples), and "
+                                  f"the aggregates hold each draw's row until the end, at least "
+                                  f"{format_size(need)}", 6 * (self.bytes + need), "lower estimate_samples")
         self.rows += 1
         self.bytes += self.ROW_BYTES + approx_bytes((row.text, row.prefix, row.completion, row.tokens))
         if self.bytes > self.budget:

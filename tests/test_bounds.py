@@ -243,3 +243,10 @@ def test_aggregates_hold_their_rows_within_the_share_of_max_memory(con, monkeypa
     assert 150 < int(info.value.message.split(" rows came")[0].split()[-1]) <= 200
     (n,), = con.sql("SELECT count(*) MATCHING 'a|b' USING max_memory '64MiB' SAMPLE 150").fetchall()
     assert n == 150  # within the share: as before
+    # probability()'s estimate: its draws are known once the language is: refused at its first row
+    (p,), = con.sql("SELECT probability() MATCHING 'a|b' USING exact_limit 0, estimate_samples 200").fetchall()
+    assert 0 < p < 1
+    with pytest.raises(relmql.Error, match=r"probability\(\) estimates from 1,000,000,000,000 draws "
+                                           r"\(estimate_samples\), .* at least 559 TiB") as info:
+        con.sql("SELECT probability() MATCHING 'a|b' USING exact_limit 0, estimate_samples 1e12").fetchall()
+    assert info.value.hint == "lower estimate_samples"
