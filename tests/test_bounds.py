@@ -170,8 +170,10 @@ def test_a_prefix_longer_than_the_models_context_is_one_message(con):
     prefix = "a" + " a" * 600  # 601 tokens; tiny-gpt2 reads 512
     query = f"SELECT text MATCHING '{prefix}( b| c)' PREFIX '{prefix}'"
     session = fresh(con)
+    calls = session.model().stats.calls
     ranked = session.sql(query + " LIMIT 1")
     assert ranked.fetchall() == []
+    assert session.model().stats.calls == calls  # refused before the model reads 511 tokens it cannot use
     assert [n for n in ranked.notes if n.startswith("note: no rows")] == [
         "note: no rows: the prefix filled the model's context length (the most tokens it reads) before the "
         "completion began (shorten PREFIX, or use a model with a longer context)"]

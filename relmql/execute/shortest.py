@@ -396,16 +396,27 @@ class ShortestPathSearch:
         return got
 
     def forced(self, node: _Node):
-        """The token and state of a prefix node's only way on, if it has exactly one and the text
-        cannot end at it."""
+        """The token and state of a prefix node's only way on, if it has exactly one, the text
+        cannot end at it and the token fits the model's context."""
+        return self._only_way(node) if 2 + node.npre <= self.context else None
+
+    def _only_way(self, node: _Node):
         automaton = self.automaton
-        if not node.prefix or node.npre >= self.opts.max_prefix_tokens or self.final_edits(node.state) >= 0 \
-                or 2 + node.npre > self.context:  # the next token would not fit the model's context
+        if not node.prefix or node.npre >= self.opts.max_prefix_tokens or self.final_edits(node.state) >= 0:
             return None
         arcs = automaton.arcs(node.state)
         if len(arcs) != 1 or not arcs.prefix[0]:
             return None
         return int(arcs.tokens[0]), int(arcs.targets[0])
+
+    def past_context(self, node: _Node) -> bool:
+        """Whether a prefix node's only way on does not fit the model's context: nothing below it
+        can be read, so neither it nor the forced chain to it is (a prompt longer than the context
+        is refused before any model call)."""
+        if 2 + node.npre <= self.context or self._only_way(node) is None:
+            return False
+        self.cut("prefix_context", [node.state])
+        return True
 
     def consider(self, node: _Node) -> None:
         """A node just taken from the queue: queue its result (without eos) and put its expansion
@@ -418,9 +429,10 @@ class ShortestPathSearch:
         # one call. Under total_prob its later tokens may cost more than the rows found by then (an
         # edit that makes the rest of the prefix improbable): it is read whole only when nothing else
         # waits (a long prompt, read at once), else token by token, best first like the rest
-        step = self.forced(node) if node.prefix and (self.by_prob or not (self.queue or self.batch)) else None
+        whole = node.prefix and (self.by_prob or not (self.queue or self.batch))
+        step = self.forced(node) if whole else None
         if step is None:
-            if self.expandable(node):
+            if not (whole and self.past_context(node)) and self.expandable(node):
                 self.batch.append(([node], 0))
             return
         chain = [node]
@@ -428,6 +440,8 @@ class ShortestPathSearch:
             nxt = _Node(chain[-1], step[0], step[1], True, chain[-1].npre + 1, 0, chain[-1].pre_raw, 0.0, None)
             chain.append(nxt)
             step = self.forced(nxt)
+        if self.past_context(chain[-1]):
+            return
         if len(chain) > 1 or self.expandable(node):
             self.batch.append((chain, 0))  # a chain is read even to its end, for its probabilities
 
