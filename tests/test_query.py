@@ -544,6 +544,9 @@ BAD = [
     ("SELECT text, count(*) AS n MATCHING 'a' SAMPLE 2 GROUP BY text TEST INDEPENDENCE OF text, n", PlanError, "n",
      "n is an aggregate, the weight of the cells"),
     ("SELECT text MATCHING 'a' PREFIX 'b'", CompileError, "b", "no string of MATCHING starts with"),
+    # each pattern fits max_states, MATCHING split after PREFIX does not: the caret under MATCHING
+    ("SELECT text MATCHING '" + "x" * 60 + "(a|b)' PREFIX '" + "x" * 60 + "' USING max_states 100", CompileError,
+     "x" * 60 + "(a|b)", "the automaton has more than 100 states"),
     ("SELECT text MATCHING 'a' FOR EACH ROW IN 'no/such/file.jsonl'", PlanError, "'no/such/file.jsonl'",
      "no data file"),
     ("SELECT text MATCHING 'a' USING topk 'x'", PlanError, "'x'", "topk is a whole number"),

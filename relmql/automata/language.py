@@ -87,24 +87,32 @@ def compile_language(spec: LanguageSpec) -> Language:
     prefix = _pattern_fst(spec.prefix, "PREFIX", limit) if spec.prefix else None
     if prefix is None and not spec.edits and not spec.exclude:
         return Language(spec, prepend_split(to_dfa(matching)))  # the common, quick case
-    lang = split_language(matching, prefix, limit)
-    if lang.num_states() == 0:
-        raise _role(CompileError("no string of MATCHING starts with a string of PREFIX",
-                                 (0, len(spec.prefix or "")), spec.prefix),
-                    "PREFIX")
-    ambiguous = prefix is not None  # a prefix language may contain prefixes of its own strings
-    if spec.edits:
-        scope = spec.edit_scope if prefix is not None else "completion"
-        levels = with_edits(lang, spec.edits, spec.edit_alphabet, scope, limit)
-        lang = optimize(pynini.union(*levels), limit)
-        ambiguous = ambiguous or scope != "completion"
-    if ambiguous:
-        lang = longest_split(lang, limit)
-    for k, pattern in enumerate(spec.exclude):
-        lang = exclude(lang, _pattern_fst(pattern, f"exclusion {k + 1}", limit), limit)
-    if spec.edits:
-        levels = [optimize(intersect(level, lang), limit) for level in levels]
-        lang = tag_levels(levels, limit)
+    try:
+        lang = split_language(matching, prefix, limit)
+        if lang.num_states() == 0:
+            raise _role(CompileError("no string of MATCHING starts with a string of PREFIX",
+                                     (0, len(spec.prefix or "")), spec.prefix),
+                        "PREFIX")
+        ambiguous = prefix is not None  # a prefix language may contain prefixes of its own strings
+        if spec.edits:
+            scope = spec.edit_scope if prefix is not None else "completion"
+            levels = with_edits(lang, spec.edits, spec.edit_alphabet, scope, limit)
+            lang = optimize(pynini.union(*levels), limit)
+            ambiguous = ambiguous or scope != "completion"
+        if ambiguous:
+            lang = longest_split(lang, limit)
+        for k, pattern in enumerate(spec.exclude):
+            lang = exclude(lang, _pattern_fst(pattern, f"exclusion {k + 1}", limit), limit)
+        if spec.edits:
+            levels = [optimize(intersect(level, lang), limit) for level in levels]
+            lang = tag_levels(levels, limit)
+    except CompileError as e:
+        if e.span is None and e.message.startswith("the automaton has more than"):  # MATCHING as PREFIX, edits
+            # or WHERE refine it
+            e.span, e.source, e.hint = (0, len(spec.matching)), spec.matching, (
+                "raise the limit (max_states), or shorten or simplify MATCHING (and PREFIX)")
+            raise _role(e, "MATCHING") from None
+        raise
     dfa = to_dfa(lang)
     if dfa.is_empty():
         if spec.exclude:
