@@ -190,11 +190,19 @@ def test_a_child_killed_by_a_signal_is_an_error_not_a_redo_here(monkeypatch):
     from relmql.automata import primitives
     from relmql.errors import CompileError
     children = _spied(monkeypatch)
-    killer = threading.Timer(0.5, lambda: children[0].send_signal(signal.SIGKILL))
+    done = threading.Event()
+
+    def kill():  # half a second after the child starts (on a busy machine it can take longer)
+        while not children and not done.wait(0.05):
+            pass
+        if not done.wait(0.5):
+            children[0].send_signal(signal.SIGKILL)
+    killer = threading.Thread(target=kill)
     killer.start()
     try:
         with pytest.raises(CompileError, match="stopped by signal 9"):
             primitives.optimize(_last_but(20), 3_000_000)
     finally:
-        killer.cancel()
+        done.set()
+        killer.join()
     assert len(children) == 1
