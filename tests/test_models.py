@@ -144,6 +144,33 @@ def test_tree_attention_keeps_gemmas_sliding_window(gemma):
         assert torch.allclose(st.logprobs, ref, atol=2e-4), (ref - st.logprobs).abs().max()
 
 
+@pytest.mark.parametrize("model_name", ["tiny", "smol"])
+def test_a_long_prompt_is_read_in_pieces_as_one_pass_reads_it(request, model_name, monkeypatch):
+    """A sequence of more new tokens than a piece (PIECE_TOKENS) is read a piece at a time, each
+    over the keys and values of the ones before, so that no forward pass holds the logits and
+    attention scores of thousands of positions: its next-token distribution and every token's
+    log-probability are those of one plain forward pass, also beside short sequences in the same
+    call, and after a state with keys and values (the first token's then in its parent)."""
+    from relmql.models import hf
+    model = request.getfixturevalue(model_name)
+    monkeypatch.setattr(hf, "PIECE_TOKENS", 16)
+    calls = model.stats.calls
+    enc = model.vocabulary.encode
+    words = enc(" ".join(["the quick brown fox jumps over the lazy dog"] * 6))[:50]
+    long, short = model.extend([None, None], [words, words[:5]])
+    assert model.stats.calls - calls == 5  # the short one's pass, then four pieces of the 51 tokens
+    with torch.no_grad():
+        ref = torch.log_softmax(model.model(torch.tensor([[model.bos_id] + words])).logits[0].float(), -1)
+    assert long.tokens == (model.bos_id, *words) and short.tokens == (model.bos_id, *words[:5])
+    assert torch.allclose(long.logprobs, ref[-1], atol=1e-4)
+    assert torch.allclose(short.logprobs, ref[5], atol=1e-4)
+    want = ref[np.arange(len(words)), words].double().numpy()
+    assert len(long.token_logprobs) == len(words) and np.allclose(long.token_logprobs, want, atol=1e-4)
+    again, = model.extend([short], [words[5:40]])
+    assert again.tokens == long.tokens[:41] and torch.allclose(again.logprobs, ref[40], atol=1e-4)
+    assert np.isnan(again.token_logprobs[0]) and np.allclose(again.token_logprobs[1:], want[6:40], atol=1e-4)
+
+
 def _direct(model, tokens):
     """Next-token log-probabilities after ``tokens`` from one plain forward pass."""
     with torch.no_grad():

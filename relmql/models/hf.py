@@ -25,6 +25,7 @@ from .vocab import Vocabulary, from_tokenizer
 
 DEFAULT_KV_BUDGET = 2 ** 30  # bytes of cached keys and values kept per model (a query sets its own share)
 LOGITS_BYTES = 256 * 2 ** 20  # float32 logits of one forward pass, at most (unless one sequence needs more)
+PIECE_TOKENS = 512  # new tokens of one sequence per forward pass, at most (fewer where their logits pass LOGITS_BYTES)
 PROBE_TOLERANCE = 1e-3  # the most a checked way of reading may differ from transformers' own, at load
 TREE_SHARING = 4  # tree attention while a batch's ancestors take at most this many times its longest one
 
@@ -257,18 +258,41 @@ class TransformersModel(LanguageModel):
         return self._forward(seqs)
 
     def _forward(self, seqs) -> List[ModelState]:
-        # a batch whose logits would take more than LOGITS_BYTES runs in several forward passes
-        per_seq = [len(n) * len(self.vocabulary) * 4 for _, _, n, _ in seqs]
+        # a batch whose logits would take more than LOGITS_BYTES runs in several forward passes,
+        # and a sequence of more than a piece of new tokens a piece at a time
+        piece = max(1, min(PIECE_TOKENS, LOGITS_BYTES // (4 * len(self.vocabulary))))
         out, group, size = [], [], 0
-        for seq, b in zip(seqs, per_seq):
-            if group and size + b > LOGITS_BYTES:
+        for seq in seqs:
+            b = len(seq[2]) * len(self.vocabulary) * 4
+            if group and (size + b > LOGITS_BYTES or len(seq[2]) > piece):
                 out += self._forward_batch(group)
                 group, size = [], 0
+            if len(seq[2]) > piece:
+                out.append(self._forward_pieces(seq, piece))
+                continue
             group.append(seq)
             size += b
-        out += self._forward_batch(group)
+        if group:
+            out += self._forward_batch(group)
         self._evict()
         return out
+
+    def _forward_pieces(self, seq, piece: int) -> ModelState:
+        """One sequence with many new tokens (a long prompt), ``piece`` of them per forward pass,
+        each over the keys and values of the ones before: no pass holds the logits or attention
+        scores of thousands of positions (an 8,000-token prompt on SmolLM2 took 5 GB read at
+        once). The state is the last pass's, with every new token's log-probability."""
+        prev, chain, new, known = seq
+        lps = np.full(len(new), np.nan)
+        state = None
+        for a in range(0, len(new), piece):
+            part = new[a:a + piece]
+            got, = self._forward_batch([(prev, chain, part, 0)])
+            if state is not None:  # the first token of a piece, from the pass before it
+                lps[a] = float(state.logprobs[part[0]])
+            lps[a + 1:a + len(part)] = got.token_logprobs[1:]
+            prev, chain, state = got.tokens, got.cache.chain(), got
+        return ModelState(state.tokens, state.logprobs, lps[known:], state.cache)
 
     def _forward_batch(self, seqs) -> List[ModelState]:
         if self.tree_attention:
