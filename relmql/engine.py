@@ -22,7 +22,7 @@ from .execute import Mass, Row, SampleStats, SearchStats, execute, measure
 from .execute.shortest import NO_ROW
 from .memory import approx_bytes, format_size, shares
 from .models import LanguageModel
-from .plan import DatasetPlan, ModelRef, Plan, QueryPlan, evaluate, plan_row, selected_rows
+from .plan import DatasetPlan, ModelRef, Plan, QueryPlan, count_selected, evaluate, plan_row, selected_rows
 from .plan.expr import Env, truth
 from .plan.options import PlanError, shown
 from .records import (COLUMNS, COMPUTED_COLUMNS, Cancelled, ExecutionError, Measure, Sample, ShortestPath, Stop,
@@ -640,15 +640,15 @@ def in_data_row(e: Error, plan: DatasetPlan, number) -> Error:
 
 def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total, masses, stopped,
                   on_note=None) -> Iterator[Env]:
-    selected = selected_rows(plan)
-    if not selected:
+    total = count_selected(plan)
+    if not total:
         say(f"note: no data rows to run in {plan.path}" + (" (after its WHERE)" if plan.row_where is not None
                                                              else ""))
     if on_total is not None:
-        on_total(len(selected))
+        on_total(total)
     before_stops = len(stopped)
     empty: List[Tuple[QueryPlan, Tuple[str, ...]]] = []
-    for data in selected:
+    for data in selected_rows(plan):
         if cancel is not None and cancel.is_set():
             raise Cancelled("the query was cancelled")
         found = False
@@ -666,9 +666,9 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total,
         if progress is not None:
             progress(1)
     if len(stopped) > before_stops:
-        say(stopped_rows_warning(stopped[before_stops:], len(selected)))
+        say(stopped_rows_warning(stopped[before_stops:], total))
     if empty:
-        say(no_row_rows_note(empty, len(selected)))
+        say(no_row_rows_note(empty, total))
 
 
 __all__ = ["run", "query_rows", "in_data_row", "compile_plan", "load", "RowEnv", "match_regex", "stop_warning",

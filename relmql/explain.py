@@ -15,7 +15,7 @@ from .engine import Models, compile_plan, load
 from .execute.measure import token_sequences
 from .memory import format_size, shares
 from .models import LanguageModel
-from .plan import DatasetPlan, Plan, PlanError, QueryPlan, plan_row, selected_rows
+from .plan import DatasetPlan, Plan, PlanError, QueryPlan, count_selected, plan_row, selected_rows
 from .records import Measure, Sample
 from .syntax import quote, unparse
 
@@ -24,12 +24,12 @@ def explain(plan: Plan, models: Models) -> str:
     """The plan as aligned ``key  value`` lines, with the sizes of its model (from ``models``) and
     automaton; a dataset plan shows its first selected data row's query."""
     if isinstance(plan, DatasetPlan):
-        selected = selected_rows(plan)
-        if not selected:
+        total = count_selected(plan)
+        if not total:
             raise PlanError(f"{plan.path}: no rows to run", plan.query.dataset.source.span, plan.source)
-        first = plan_row(plan, selected[0])
+        first = plan_row(plan, next(selected_rows(plan)))
         model = load(first, models)
-        return _lines(first, compile_plan(first, model), model, plan, len(selected))
+        return _lines(first, compile_plan(first, model), model, plan, total)
     model = load(plan, models)
     return _lines(plan, compile_plan(plan, model), model)
 

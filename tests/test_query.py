@@ -467,6 +467,26 @@ def test_dataset_where_and_limit_select_rows(con, jsonl):
     assert [r[0] for r in got] == [2, 4]
 
 
+
+def test_a_dataset_is_read_as_its_rows_are_needed(con, jsonl, monkeypatch):
+    """The data file is read as a stream: rows past the clause's LIMIT are never read (a damaged
+    line beyond it is no error), and no pass holds the whole file (a count of the rows, for the
+    progress total and the notes, comes first, so a damaged line within it stops the query
+    before any model call)."""
+    from relmql.plan import planner
+    with open(jsonl, "a", encoding="utf-8") as f:
+        f.write("{not json\n")
+    read = []
+    real = planner.iter_rows
+    monkeypatch.setattr(planner, "iter_rows", lambda *a: (read.append(r) or r for r in real(*a)))
+    got = rows(con, f"{PER_ROW} FOR EACH ROW IN '{jsonl}' WHERE :row_number <> 2 LIMIT 2")
+    assert [r[0] for r in got] == [1, 3] and max(r["row_number"] for r in read) == 3  # not 4, nor line 6
+    calls = con.model().stats.calls
+    with pytest.raises(relmql.Error, match="line 6"):
+        rows(con, f"{PER_ROW} FOR EACH ROW IN '{jsonl}'")
+    assert con.model().stats.calls == calls
+
+
 def test_dataset_aggregate_equals_the_per_row_computation(con, jsonl):
     per_row = by_hand(con, PER_ROW, DATA)
     hits = [verb == row["target"] for (_, _, verb, _), row in zip(per_row, DATA)]

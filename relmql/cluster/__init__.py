@@ -185,7 +185,7 @@ class Statement:
     def _make(self) -> Job:
         if self._job is None:
             if isinstance(self.plan, DatasetPlan):
-                self.selected = selected_rows(self.plan)
+                self.selected = list(selected_rows(self.plan))
                 plans = [_row_plan(self.plan, data) for data in self.selected]
             else:
                 plans = [_portable_plan(self.plan)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import re
 from dataclasses import dataclass, field, replace
@@ -629,10 +630,17 @@ def plan_row(dplan: DatasetPlan, row: Mapping[str, Any]) -> QueryPlan:
     return qplan
 
 
-def selected_rows(dplan: DatasetPlan) -> List[Dict[str, Any]]:
-    """The data rows the dataset's WHERE and LIMIT choose."""
-    rows = [r for r in iter_rows(dplan.path, dplan.source, dplan.query.dataset.source.span) if row_selected(dplan, r)]
-    return rows if dplan.row_limit is None else rows[:dplan.row_limit]
+def selected_rows(dplan: DatasetPlan) -> Iterator[Dict[str, Any]]:
+    """The data rows the dataset's WHERE and LIMIT choose, read from the file as they are asked
+    for (none past the LIMIT; a large file is never held whole)."""
+    rows = (r for r in iter_rows(dplan.path, dplan.source, dplan.query.dataset.source.span) if row_selected(dplan, r))
+    return rows if dplan.row_limit is None else itertools.islice(rows, dplan.row_limit)
+
+
+def count_selected(dplan: DatasetPlan) -> int:
+    """How many data rows ``selected_rows`` gives (a pass over the file that holds none of them,
+    and finds a malformed row before any query runs)."""
+    return sum(1 for _ in selected_rows(dplan))
 
 
 def row_selected(dplan: DatasetPlan, row: Mapping[str, Any]) -> bool:
@@ -647,5 +655,5 @@ def row_selected(dplan: DatasetPlan, row: Mapping[str, Any]) -> bool:
         raise _sourced(e, dplan.source) from None
 
 
-__all__ = ["TestPlan", "TESTS", "plan", "plan_row", "row_selected", "selected_rows", "constant", "iter_rows", "QueryPlan", "DatasetPlan", "Plan", "ModelRef", "Output",
+__all__ = ["TestPlan", "TESTS", "plan", "plan_row", "row_selected", "selected_rows", "count_selected", "constant", "iter_rows", "QueryPlan", "DatasetPlan", "Plan", "ModelRef", "Output",
            "OPTIONS", "AGGREGATES"]
