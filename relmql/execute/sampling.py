@@ -29,14 +29,14 @@ import random
 import sys
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from ..automata.tokens import TokenAutomaton
-from ..memory import shares
+from ..memory import batch_cap, shares
 from ..models.base import LanguageModel, ModelState
 from ..records import Cancelled, Decoding, ExecutionError, Sample
 from .decoding import RuleScores
@@ -128,7 +128,9 @@ class Sampler:
         self.automaton, self.model = automaton, model
         self.context = getattr(model, "max_length", None) or sys.maxsize  # tokens the model reads at most
         self.rules, self.opts = rules.check(), opts.check()
-        opts = self.opts
+        # what one call holds, the scores and (without top-k or top-p) the children, fits max_memory
+        cap = batch_cap(self.opts.max_memory, len(model.vocabulary), not self.rules.truncates)
+        self.opts = opts = replace(self.opts, batch_size=min(self.opts.batch_size, cap))
         self.stats = stats if stats is not None else SampleStats()
         self.exact = opts.mode == "exact"
         self.max_draws = opts.draw_budget

@@ -24,14 +24,14 @@ import itertools
 import math
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Generator, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from ..automata.tokens import TokenAutomaton
-from ..memory import shares
+from ..memory import batch_cap, shares
 from ..models.base import LanguageModel, ModelState
 from ..records import Cancelled, Decoding, ExecutionError, ShortestPath, Stop
 from .decoding import RuleScores
@@ -160,6 +160,10 @@ class ShortestPathSearch:
                  stats: Optional[SearchStats] = None):
         self.automaton, self.model = automaton, model
         self.rules, self.opts = rules.check(), opts.check()
+        # what one call holds, the scores and (without top-k or top-p) the children, fits max_memory
+        cap = batch_cap(self.opts.max_memory, len(model.vocabulary), not self.rules.truncates)
+        self.opts = replace(self.opts, batch_size=min(self.opts.batch_size, cap),
+                            max_batch_size=self.opts.max_batch_size and min(self.opts.max_batch_size, cap))
         self.stats = stats if stats is not None else SearchStats()
         self.budget = shares(self.opts.max_memory)
         model.set_cache_budget(self.budget.kv)

@@ -182,7 +182,7 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
     OptionSpec("batch_size", "int", None, "traversal",
                f"nodes (shortest path) or samples (SAMPLE) per model call; default {SEARCH_BATCH_SIZE} (growing "
                f"to {SEARCH_MAX_BATCH_SIZE} while rows are far apart) and {SAMPLE_BATCH_SIZE}; a number given "
-               f"is kept", low=1),
+               f"is kept, up to what max_memory holds", low=1),
     OptionSpec("sampling", "choice", Sample.mode, "traversal",
                "SAMPLE draws: local (renormalized over the language, with importance weights) or exact "
                "(rejection: the model's distribution conditioned on the language)", SAMPLING_MODES),
