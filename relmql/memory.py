@@ -77,8 +77,9 @@ ARC_BYTES = 100  # a child in the arrays of one model call: token, target, score
 def batch_cap(max_memory: int, vocab: int, every_token: bool) -> int:
     """The most nodes or samples one model call may take: their float32 logits and
     log-probabilities (8 bytes per token of the vocabulary each) and, where the decoding rules
-    keep every token (no top-k or top-p), their children as the executor's arrays hold them
-    (``ARC_BYTES`` each, as many as the vocabulary at most) within half of ``max_memory``. A larger
+    may keep most tokens (``every_token``: no top-k that keeps few), their children as the
+    executor's arrays hold them (``ARC_BYTES`` each, as many as the vocabulary at most) within
+    half of ``max_memory``. A larger
     ``batch_size`` is cut to it: with 2 GiB, 2,730 on SmolLM2 and 512 on Gemma 3 under top-k, 202
     on SmolLM2 without."""
     return max(1, max_memory // 2 // (vocab * (8 + (ARC_BYTES if every_token else 0))))

@@ -191,6 +191,11 @@ class Decoding:
         """Whether top-k or top-p keep only some tokens (``RuleScores.kept`` lists them)."""
         return self.topk is not None or self.topp is not None
 
+    def keeps_few(self, vocab: int) -> bool:
+        """Whether top-k keeps at most an eighth of a vocabulary of ``vocab`` tokens (top-p alone
+        may keep nearly all)."""
+        return self.topk is not None and 8 * self.topk <= vocab
+
     def describe(self) -> List[str]:
         """The rules that are set, in words (EXPLAIN's decoding line)."""
         rules = [f"topk {self.topk}"] if self.topk is not None else []

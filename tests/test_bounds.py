@@ -189,7 +189,7 @@ def test_a_prefix_longer_than_the_models_context_is_one_message(con):
 
 def test_a_large_batch_size_is_cut_to_what_max_memory_holds(baseline, tiny):
     """A model call's scores (8 bytes per token of the vocabulary, each node or sample) and,
-    without top-k or top-p, its children (as many as the vocabulary) fit half of max_memory: a
+    unless top-k keeps few tokens, its children (as many as the vocabulary) fit half of max_memory: a
     larger batch_size is cut to that, and the rows are those of a small batch. batch_size 100000
     on '.*' grew past 14 GB in a few minutes."""
     from relmql.execute import Sample
@@ -200,13 +200,14 @@ def test_a_large_batch_size_is_cut_to_what_max_memory_holds(baseline, tiny):
     ta = compile(".*", tiny.vocabulary)
     for rules, per in ((Decoding(), 8 + ARC_BYTES), (Decoding(topk=40), 8)):
         want = DEFAULT_MAX_MEMORY // 2 // (len(tiny.vocabulary) * per)
-        assert batch_cap(DEFAULT_MAX_MEMORY, len(tiny.vocabulary), not rules.truncates) == want
+        assert batch_cap(DEFAULT_MAX_MEMORY, len(tiny.vocabulary), not rules.keeps_few(len(tiny.vocabulary))) \
+            == want
         search = ShortestPathSearch(ta, tiny, rules, ShortestPath(batch_size=100_000, max_batch_size=200_000))
         assert search.opts.batch_size == search.opts.max_batch_size == want
         assert Sampler(ta, tiny, rules, Sample(n=5, batch_size=100_000)).opts.batch_size == want
     rss0, vm0 = baseline
-    code, rows, err, rss, vm = run_limited("SELECT text, prob MATCHING '.*' USING batch_size 100000, max_nodes 600 "
-                                           "LIMIT 20;", limit=vm0 + DEFAULT_MAX_MEMORY + 2 ** 30)
+    code, rows, err, rss, vm = run_limited("SELECT text, prob MATCHING '.*' USING batch_size 100000, "
+                                           "max_nodes 600 LIMIT 20;", limit=vm0 + DEFAULT_MAX_MEMORY + 2 ** 30)
     assert code == 0 and len(rows) == 20, err
     assert rss - rss0 < DEFAULT_MAX_MEMORY, (rss, rss0)
     small = [(r.text, r.prob) for r in execute(ta, tiny, ShortestPath(limit=20, batch_size=8))]

@@ -128,8 +128,8 @@ class Sampler:
         self.automaton, self.model = automaton, model
         self.context = getattr(model, "max_length", None) or sys.maxsize  # tokens the model reads at most
         self.rules, self.opts = rules.check(), opts.check()
-        # what one call holds, the scores and (without top-k or top-p) the children, fits max_memory
-        cap = batch_cap(self.opts.max_memory, len(model.vocabulary), not self.rules.truncates)
+        # what one call holds, the scores and (unless top-k keeps few) the children, fits max_memory
+        cap = batch_cap(self.opts.max_memory, len(model.vocabulary), not self.rules.keeps_few(len(model.vocabulary)))
         self.opts = opts = replace(self.opts, batch_size=min(self.opts.batch_size, cap))
         self.stats = stats if stats is not None else SampleStats()
         self.exact = opts.mode == "exact"
