@@ -216,7 +216,7 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
     regex = match_regex(plan)
     if plan.limit == 0:
         return
-    emitted = 0
+    emitted, kept_at = 0, 0
     stats = SearchStats(watch=None if on_note is None else lambda s, opts: on_note(nodes_note(s, opts)))
     mass = None
     if isinstance(plan.traversal, Measure):
@@ -237,13 +237,18 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
                 progress(1)
             yield RowEnv(plan, row, None, regex, mass)
             continue
-        if progress is not None:
+        if progress is not None and mass is not None:
             progress(1)
         env = RowEnv(plan, row, emitted + 1, regex, mass)
         if plan.where is not None and not _eval(plan.where, env, plan.source, condition=True):
             if mass is not None and not mass.exact:  # a draw all the same
                 yield RowEnv(plan, dataclasses.replace(row, miss=True), None, regex, mass)
+            # a search's max_nodes_per_row counts from the last row WHERE kept, not the last it found
+            stats.row_at, stats.rows = kept_at, emitted
             continue
+        if progress is not None and mass is None:
+            progress(1)
+        kept_at = stats.row_at
         emitted += 1
         yield env
         if plan.limit is not None and emitted >= plan.limit:

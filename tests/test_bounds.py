@@ -187,6 +187,15 @@ def test_a_prefix_longer_than_the_models_context_is_one_message(con):
     assert info.value.hint == "shorten PREFIX, or use a model with a longer context"  # not max_tokens
 
 
+def test_max_nodes_per_row_counts_from_the_last_row_where_kept(con):
+    """Rows that WHERE drops are not rows: a search whose every row WHERE drops ends at
+    max_nodes_per_row (it ran until max_memory, reset by every row it found)."""
+    result = fresh(con).sql("SELECT text MATCHING '.*' WHERE prob > 2 USING max_nodes_per_row 300, max_nodes 20000 "
+                            "LIMIT 1")
+    assert result.fetchall() == []
+    assert result.stopped == Stop("max_nodes_per_row", 300, 0)
+
+
 def test_a_large_batch_size_is_cut_to_what_max_memory_holds(baseline, tiny):
     """A model call's scores (8 bytes per token of the vocabulary, each node or sample) and,
     unless top-k keeps few tokens, its children (as many as the vocabulary) fit half of max_memory: a

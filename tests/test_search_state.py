@@ -23,8 +23,9 @@ def check_queue(search: ShortestPathSearch, released: list) -> None:
     # stored children are views of one array per model call, counted while a node holds a view
     arrays = {id(a): a for a in (n.kids if n.kids.base is None else n.kids.base for n in parents)}
     assert search.kid_bytes == sum(a.nbytes for a in arrays.values()) >= sum(n.kids.nbytes for n in parents)
-    # a row is counted when the next one is asked for (a row the caller never took is not counted)
-    assert search.found == search.stats.rows == len(released) - 1 == released[-1].rank - 1
+    # a row is counted as it goes out (its reader may take it back from stats: a WHERE that drops it)
+    assert search.found == search.stats.rows == len(released) == released[-1].rank
+    assert search.stats.row_at == search.stats.expanded
     # nothing left in the queue is cheaper than the row just released
     last = released[-1]
     assert all((tier, val) >= (0, -last.total_logprob) for tier, val, *_ in search.queue)

@@ -88,7 +88,8 @@ class SearchStats:
     been read yet, ``context`` where some had); ``cut``: the bounds among those
     that cut a way on short in a search that exhausted its language with rows (its rows are
     every string within the bounds, not every string of the language). ``row_at``: nodes expanded
-    when the last row was released (0 before the first); ``watch(stats, opts)``, when given, is
+    when the last row was released (0 before the first; a reader that drops the row, as WHERE
+    does, sets it back, so that ``max_nodes_per_row`` counts from the last row kept); ``watch(stats, opts)``, when given, is
     called after each model call (a progress display)."""
     expanded: int = 0
     prefix: int = 0
@@ -254,11 +255,12 @@ class ShortestPathSearch:
                 if cancel is not None and cancel.is_set():
                     raise Cancelled("the query was cancelled")
                 cond = -val if self.by_prob else -val - node.pre_raw
-                yield make_row(self.model.vocabulary, node.tokens(), node.npre, cond, node.pre_raw + cond, arg,
+                row = make_row(self.model.vocabulary, node.tokens(), node.npre, cond, node.pre_raw + cond, arg,
                                self.found + 1)
-                self.found += 1
+                self.found += 1  # counted before the row goes out: its reader may take it back (stats.row_at)
                 self.stats.rows = self.found
                 self.stats.row_at = self.stats.expanded
+                yield row
                 if opts.limit is not None and self.found >= opts.limit:
                     return True
                 continue
