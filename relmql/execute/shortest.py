@@ -89,8 +89,8 @@ class SearchStats:
     that cut a way on short in a search that exhausted its language with rows (its rows are
     every string within the bounds, not every string of the language). ``row_at``: nodes expanded
     when the last row was released (0 before the first; a reader that drops the row, as WHERE
-    does, sets it back, so that ``max_nodes_per_row`` counts from the last row kept); ``watch(stats, opts)``, when given, is
-    called after each model call (a progress display)."""
+    does, sets it back, so that ``max_nodes_per_row`` counts from the last row kept);
+    ``watch(stats, opts)``, when given, is called after each model call (a progress display)."""
     expanded: int = 0
     prefix: int = 0
     rows: int = 0
