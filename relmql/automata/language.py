@@ -112,6 +112,9 @@ def compile_language(spec: LanguageSpec) -> Language:
             e.span, e.source, e.hint = (0, len(spec.matching)), spec.matching, (
                 "raise the limit (max_states), or shorten or simplify MATCHING (and PREFIX)")
             raise _role(e, "MATCHING") from None
+        if e.span is None and "edits make too large an automaton" in e.message:  # the edited text's
+            e.span, e.source = (0, len(spec.matching)), spec.matching
+            raise _role(e, "MATCHING") from None
         raise
     dfa = to_dfa(lang)
     if dfa.is_empty():
