@@ -79,9 +79,8 @@ def batch_cap(max_memory: int, vocab: int, every_token: bool) -> int:
     log-probabilities (8 bytes per token of the vocabulary each) and, where the decoding rules
     may keep most tokens (``every_token``: no top-k that keeps few), their children as the
     executor's arrays hold them (``ARC_BYTES`` each, as many as the vocabulary at most) within
-    half of ``max_memory``. A larger
-    ``batch_size`` is cut to it: with 2 GiB, 2,730 on SmolLM2 and 512 on Gemma 3 under top-k, 202
-    on SmolLM2 without."""
+    half of ``max_memory``. A larger ``batch_size`` is cut to it: with 2 GiB, 2,730 on SmolLM2
+    and 512 on Gemma 3 under top-k, 202 on SmolLM2 without."""
     return max(1, max_memory // 2 // (vocab * (8 + (ARC_BYTES if every_token else 0))))
 
 

@@ -107,13 +107,12 @@ def compile_language(spec: LanguageSpec) -> Language:
             levels = [optimize(intersect(level, lang), limit) for level in levels]
             lang = tag_levels(levels, limit)
     except CompileError as e:
-        if e.span is None and e.message.startswith("the automaton has more than"):  # MATCHING as PREFIX, edits
-            # or WHERE refine it
-            e.span, e.source, e.hint = (0, len(spec.matching)), spec.matching, (
-                "raise the limit (max_states), or shorten or simplify MATCHING (and PREFIX)")
-            raise _role(e, "MATCHING") from None
-        if e.span is None and "edits make too large an automaton" in e.message:  # the edited text's
+        # a bound on MATCHING as PREFIX, edits or WHERE refine it, or on the text the edits are of
+        over = e.message.startswith("the automaton has more than")
+        if e.span is None and (over or "edits make too large an automaton" in e.message):
             e.span, e.source = (0, len(spec.matching)), spec.matching
+            if over:
+                e.hint = "raise the limit (max_states), or shorten or simplify MATCHING (and PREFIX)"
             raise _role(e, "MATCHING") from None
         raise
     dfa = to_dfa(lang)

@@ -8,6 +8,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
+from ..memory import batch_cap
 from ..records import Decoding
 
 
@@ -102,6 +103,12 @@ def _top_cpu(x: torch.Tensor, k: int, block: int, group: int = 4):
     where[r, at] = col
     order = np.argsort(-cand, axis=1, kind="stable")[:, :k]
     return torch.from_numpy(np.take_along_axis(cand, order, 1)), torch.from_numpy(np.take_along_axis(where, order, 1))
+
+
+def batch_limit(rules: Decoding, vocab: int, max_memory: int) -> int:
+    """The most nodes or samples one model call may take under ``rules`` (``memory.batch_cap``:
+    what the call holds, the scores and, unless top-k keeps few tokens, the children)."""
+    return batch_cap(max_memory, vocab, not rules.keeps_few(vocab))
 
 
 class RuleScores:

@@ -36,10 +36,10 @@ import numpy as np
 import torch
 
 from ..automata.tokens import TokenAutomaton
-from ..memory import batch_cap, shares
+from ..memory import shares
 from ..models.base import LanguageModel, ModelState
 from ..records import Cancelled, Decoding, ExecutionError, Sample
-from .decoding import RuleScores
+from .decoding import RuleScores, batch_limit
 from .rows import Row, make_row
 
 
@@ -128,8 +128,7 @@ class Sampler:
         self.automaton, self.model = automaton, model
         self.context = getattr(model, "max_length", None) or sys.maxsize  # tokens the model reads at most
         self.rules, self.opts = rules.check(), opts.check()
-        # what one call holds, the scores and (unless top-k keeps few) the children, fits max_memory
-        cap = batch_cap(self.opts.max_memory, len(model.vocabulary), not self.rules.keeps_few(len(model.vocabulary)))
+        cap = batch_limit(self.rules, len(model.vocabulary), self.opts.max_memory)
         self.opts = opts = replace(self.opts, batch_size=min(self.opts.batch_size, cap))
         self.stats = stats if stats is not None else SampleStats()
         self.exact = opts.mode == "exact"

@@ -31,10 +31,10 @@ import numpy as np
 import torch
 
 from ..automata.tokens import TokenAutomaton
-from ..memory import batch_cap, shares
+from ..memory import shares
 from ..models.base import LanguageModel, ModelState
 from ..records import Cancelled, Decoding, ExecutionError, ShortestPath, Stop
-from .decoding import RuleScores
+from .decoding import RuleScores, batch_limit
 from .rows import Row, make_row
 
 CHUNK = 256  # children kept per node; more are recomputed when needed
@@ -161,8 +161,7 @@ class ShortestPathSearch:
                  stats: Optional[SearchStats] = None):
         self.automaton, self.model = automaton, model
         self.rules, self.opts = rules.check(), opts.check()
-        # what one call holds, the scores and (unless top-k keeps few) the children, fits max_memory
-        cap = batch_cap(self.opts.max_memory, len(model.vocabulary), not self.rules.keeps_few(len(model.vocabulary)))
+        cap = batch_limit(self.rules, len(model.vocabulary), self.opts.max_memory)
         self.opts = replace(self.opts, batch_size=min(self.opts.batch_size, cap),
                             max_batch_size=self.opts.max_batch_size and min(self.opts.max_batch_size, cap))
         self.stats = stats if stats is not None else SearchStats()
