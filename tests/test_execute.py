@@ -738,3 +738,8 @@ def test_blockwise_top_on_a_cpu(vocab):
             assert torch.equal(vals, torch.topk(rows, k, dim=-1).values)
             assert torch.equal(torch.gather(rows, 1, idx), vals)
             assert all(len(set(r)) == k for r in idx.tolist())
+    # the chosen blocks are copied into a buffer each call reuses: no result is a view of it
+    vals, idx = top(x, 41)
+    kept = vals.clone(), idx.clone()
+    top(x.flip(0) * 2, 41)
+    assert torch.equal(vals, kept[0]) and torch.equal(idx, kept[1])
