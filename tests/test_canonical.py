@@ -336,13 +336,18 @@ def test_no_token_leads_where_nothing_follows(request, vocab_name, pattern, pref
     assert len(seen) > 5 and dead == []
 
 
+@pytest.mark.parametrize("dense", [0, 10 ** 9])
 @pytest.mark.parametrize("vocab_name", ["smol_vocab", "gemma_vocab"])
-def test_arcs_of_a_batch_are_each_states_own_arcs(request, vocab_name):
+def test_arcs_of_a_batch_are_each_states_own_arcs(request, vocab_name, dense, monkeypatch):
     """A search's batch asks arcs_of for many states at once, the same state often more than once
     and with different kept tokens: row i holds what state i alone gives (the whole arcs, in
     order, without kept tokens; else every prefix arc and the completion arcs it keeps, in order;
     a canonical completion state's arcs as arcs_among finds them for it alone, whether or not the
-    automaton knows its whole arcs: a chunk of children read again must be the same list)."""
+    automaton knows its whole arcs: a chunk of children read again must be the same list). The
+    batch finds a byte state's arcs among kept tokens one way (a search of its sorted arcs, or a
+    vocabulary-wide array of targets), the state alone the other."""
+    from relmql.automata import tokens
+    monkeypatch.setattr(tokens, "DENSE_LOOKUP", dense)
     vocab = request.getfixturevalue(vocab_name)
     lang = compile("Visit https://www\\.[a-z0-9./-]{1,30}", vocab, "Visit( the)?").language
     batch_of, alone = TokenAutomaton(lang, vocab), TokenAutomaton(lang, vocab)
@@ -373,8 +378,10 @@ def test_arcs_of_a_batch_are_each_states_own_arcs(request, vocab_name):
             elif not batch_of._per_token(batch_of.unpack(s)[0], batch_of.unpack(s)[2]):  # prefix states
                 sel = whole.prefix | np.isin(whole.tokens, ask[i])
                 want = (whole.tokens[sel].tolist(), whole.targets[sel].tolist(), whole.prefix[sel].tolist())
-            else:
-                one = TokenAutomaton(lang, vocab).arcs_among(s, ask[i])
+            else:  # found the other way
+                with monkeypatch.context() as other:
+                    other.setattr(tokens, "DENSE_LOOKUP", 10 ** 9 - dense)
+                    one = TokenAutomaton(lang, vocab).arcs_among(s, ask[i])
                 want = (one.tokens.tolist(), one.targets.tolist(), one.prefix.tolist())
             assert got == want, (i, s)
 

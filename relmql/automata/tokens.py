@@ -34,6 +34,8 @@ from .trie import VocabTrie, trie_for
 CACHE_BYTES = 256 * 2 ** 20  # cached transitions per automaton until a query sets its share of max_memory
 ALIVE_DEPTH = 16  # tokens looked ahead for a way on where BPE's pair rule could block the next token
 ALIVE_STEPS = 4096  # states one such look-ahead steps into at most
+DENSE_LOOKUP = 64  # kept tokens of one byte state in a batch past which their arcs are read from a
+#                    vocabulary-wide array of targets (TokenAutomaton._dfa_targets), not searched for
 
 
 @dataclass
@@ -289,9 +291,14 @@ class TokenAutomaton:
         parts = []
         for q in np.unique(qs).tolist():
             sel = np.flatnonzero(flat_q == q)
-            toks, tq = self._dfa_arcs(q)
-            pos, hit = _lookup(toks, [flat[sel]])
-            parts.append((flat_r[sel[hit]], toks[pos[hit]], tq[pos[hit]]))
+            if len(sel) > DENSE_LOOKUP:  # one read per token, not a binary search
+                tq = self._dfa_targets(q)[flat[sel]]
+                hit = tq >= 0
+                parts.append((flat_r[sel[hit]], flat[sel[hit]], tq[hit]))
+            else:
+                toks, tq = self._dfa_arcs(q)
+                pos, hit = _lookup(toks, [flat[sel]])
+                parts.append((flat_r[sel[hit]], toks[pos[hit]], tq[pos[hit]]))
         r, toks, tq = (np.concatenate(x).astype(np.int64, copy=False) for x in zip(*parts))
         # BPE's pair test against the token before, then the tracker over each token's bytes from
         # the boundary before it (where BPE produces the pair, or where it does not)
@@ -582,6 +589,17 @@ class TokenAutomaton:
         if got is None:
             ok, bad = self.tracker.boundary(np.array([tau, tau]), np.array([True, False])).tolist()
             got = self._bounds[tau] = (ok, bad)
+        return got
+
+    def _dfa_targets(self, q: int) -> np.ndarray:
+        """``_dfa_arcs(q)`` over the whole vocabulary: each token's target (-1 where none)."""
+        key = ("dense", q)
+        got = self._dfa_cache.get(key)
+        if got is None:
+            toks, tq = self._dfa_arcs(q)
+            got = np.full(len(self.vocabulary.tokens), -1, np.int32)
+            got[toks] = tq
+            self._dfa_cache.put(key, got, got.nbytes)
         return got
 
     def _dfa_coded(self, q: int):
