@@ -284,12 +284,16 @@ def nodes_note(stats: SearchStats, opts: ShortestPath) -> str:
 
 def draws_note(stats: SampleStats, opts: Sample) -> str:
     """How far a sampler has gone, for a progress bar: its draws against the budget that ends it
-    (``max_draws``) and those thrown away, so that a rejection-heavy SAMPLE, whose rows come many
-    draws apart, shows it works and what it spends."""
+    (``max_draws``) and those thrown away (and of those, the ones cut at max_tokens or the
+    context), so that a rejection-heavy SAMPLE, whose rows come many draws apart, shows it works
+    and what it spends."""
     text = f"{stats.draws:,} draws of max_draws {opts.draw_budget:,}"
     if stats.discarded:
         kind = "missed" if opts.misses else "rejected" if opts.mode == "exact" else "dead ends"
         text += f", {stats.discarded:,} {kind}"
+        if stats.too_long:  # the draws a length bound cut: raising it is what helps
+            where = "max_tokens" if "max_tokens" in stats.cut or not stats.cut else "the context"
+            text += f" ({stats.too_long:,} cut at {where}{f' {opts.max_tokens:,}' if where == 'max_tokens' else ''})"
     return text
 
 

@@ -288,3 +288,31 @@ def test_aggregates_hold_their_rows_within_the_share_of_max_memory(con, monkeypa
                                            r"\(estimate_samples\), .* at least 559 TiB") as info:
         con.sql("SELECT probability() MATCHING 'a|b' USING exact_limit 0, estimate_samples 1e12").fetchall()
     assert info.value.hint == "lower estimate_samples"
+
+
+def test_a_sampler_whose_draws_are_all_cut_at_max_tokens_gives_up_at_once(tiny, con):
+    """Every string of a( a){10} takes 11 tokens; with max_tokens 4 each draw is cut and thrown
+    away. The sampler gives up after its first TOO_LONG draws, naming max_tokens, instead of
+    spending its whole budget (1,000 draws a sample) the same way; the progress note counts the
+    draws cut there. Once any sample has ended the rule no longer applies: with a prefix of b
+    (a string at once) or c (11 tokens more), the draws cut after c pass TOO_LONG and every
+    sample is b."""
+    from relmql.execute import Sample, SampleStats
+    from relmql.records import ExecutionError
+    from relmql.execute.sampling import TOO_LONG
+    from relmql.engine import draws_note
+    ta = compile("a( a){10}", tiny.vocabulary)
+    stats = SampleStats()
+    with pytest.raises(ExecutionError, match=f"its first {TOO_LONG} draws were all cut at max_tokens") as got:
+        list(execute(ta, tiny, Sample(n=1, seed=2, max_tokens=4), stats=stats))
+    assert "raise max_tokens" in got.value.hint
+    assert stats.draws == stats.discarded == stats.too_long == TOO_LONG < Sample(n=1).draw_budget
+    assert f"{TOO_LONG} dead ends ({TOO_LONG} cut at max_tokens 4)" in draws_note(stats, Sample(n=1, max_tokens=4))
+    with pytest.raises(relmql.Error, match="cut at max_tokens") as got:
+        fresh(con).sql("SELECT text MATCHING 'a( a){10}' USING max_tokens 4 SAMPLE 1").fetchall()
+    assert got.value.kind == "execution error"
+    # some samples end: no give-up, however many draws are cut
+    ta = compile("b|c( a){10}", tiny.vocabulary, "b|c")
+    stats = SampleStats()
+    rows = list(execute(ta, tiny, Sample(n=40, seed=1, max_tokens=4), stats=stats))
+    assert [r.text for r in rows] == ["b"] * 40 and stats.too_long > TOO_LONG

@@ -48,11 +48,13 @@ from .rows import Row, make_row
 class SampleStats:
     """Draws made: completions started, and those thrown away (dead ends, budget, rejection);
     ``cut``: the bounds (``max_tokens``, ``context``) that ended a draw where the language went on;
+    ``too_long``: the draws thrown away there (among ``discarded``);
     ``watch(stats, opts)``, when given, is called after each step of the batch (a model call, or
     states all found in the cache), for a progress display between rows."""
     draws: int = 0
     discarded: int = 0
     cut: Tuple[str, ...] = ()
+    too_long: int = 0
     watch: Optional[Callable[["SampleStats", Sample], None]] = field(default=None, repr=False, compare=False)
 
 
@@ -73,6 +75,7 @@ class _Walker:
 
 
 DEAD_ENDS = 64  # dead ends in a row after which local sampling gives up on a prefix
+TOO_LONG = 64  # draws cut at max_tokens (or the context), with none ended yet, after which sampling gives up
 WATCH_DRAWS = 1024  # draws between two calls of SampleStats.watch within one step (rejection redraws at once)
 FINALS_KEPT = 1 << 18  # states whose _final_at a sampler remembers (a few MB; forgotten all at once past it)
 
@@ -147,6 +150,7 @@ class Sampler:
         self.waiting: List[_Walker] = []
         self.next_out = 0  # the next row to release
         self.started = 0   # samples begun
+        self.finished = 0  # samples drawn (strings of the language ended)
         self.cancel: Optional[threading.Event] = None
         self._finals: Dict[int, bool] = {}  # state -> _final_at(state)
 
@@ -233,6 +237,10 @@ class Sampler:
                 self.done[w.index] = make_row(self.model.vocabulary, list(w.prefix) + w.tokens, len(w.prefix),
                                               -math.inf, -math.inf, 0, w.index + 1, 0.0, miss=True)
                 return False
+            if len(w.tokens) >= opts.max_tokens or len(w.state.tokens) >= self.context:
+                stats.too_long += 1
+                if stats.too_long >= TOO_LONG and not self.finished:
+                    raise self.too_long()
             w.dead_ends += bool(arg)
             if arg and (not w.tokens or w.dead_ends >= DEAD_ENDS):
                 # the rules leave nothing of the language after this prefix (certainly, when the
@@ -269,6 +277,21 @@ class Sampler:
                     f"or drop {it}; or raise max_tokens or the draw budget (max_draws)")
         return ExecutionError(f"sampling gave up after {self.max_draws:,} draws with {got} drawn: {why}", hint=hint)
 
+    def too_long(self) -> ExecutionError:
+        """The error when the first ``TOO_LONG`` draws were all cut by ``max_tokens`` or the
+        model's context before a string of the language ended: the draw budget would be spent
+        the same way (an hour of draws of max_tokens tokens each, for one sample), and the
+        strings drawn at last would be the few short enough, not a sample of the model's."""
+        if "max_tokens" in self.stats.cut or len(self.stats.cut) == 0:
+            where, hint = (f"max_tokens ({self.opts.max_tokens:,} tokens)",
+                           "raise max_tokens: the strings of this language take more tokens than that, as the "
+                           "model draws them")
+        else:
+            where, hint = (f"the {self.context:,} tokens the model reads",
+                           "a shorter PREFIX or pattern, or a model that reads more tokens")
+        return ExecutionError(f"sampling gave up: its first {self.stats.too_long:,} draws were all cut at {where} "
+                              "before a string of the language ended", hint=hint)
+
     def advance(self, step: List[_Walker]) -> None:
         """Give every walker that drew a token its new model state: from the cache when already
         seen, the others from one model call."""
@@ -295,6 +318,7 @@ class Sampler:
 
     def finish(self, w: _Walker, edits: int, eos_lp: float = 0.0) -> None:
         """The walker's sample is a string of the language: its row waits in ``done``."""
+        self.finished += 1
         cond = w.cond + (eos_lp if self.rules.eos else 0.0)
         toks = list(w.prefix) + w.tokens
         self.done[w.index] = make_row(self.model.vocabulary, toks, len(w.prefix), cond, w.pre_raw + cond, edits,
