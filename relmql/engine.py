@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from .automata import compile
+from .automata import compile, memory_bound
 from .automata.language import levenshtein, nearest, unedited, viable_length
 from .errors import Error
 from .execute import Mass, Row, SampleStats, SearchStats, execute, measure
@@ -380,7 +380,7 @@ def compile_plan(plan: QueryPlan, model: LanguageModel, cancel: Optional[threadi
     ``on_note`` is told that it is compiling (a progress display's note; cleared once it is done)."""
     tick = None if on_note is None else lambda: on_note("compiling the automaton")
     try:
-        with cancelling(cancel, tick):
+        with cancelling(cancel, tick), memory_bound(getattr(plan.traversal, "max_memory", None)):
             automaton = compile(plan.matching, model.vocabulary, plan.prefix, plan.compile)
     except Error as e:
         if e.role:  # MATCHING, PREFIX, a WHERE filter, or the filters together

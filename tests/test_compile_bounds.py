@@ -206,3 +206,27 @@ def test_a_child_killed_by_a_signal_is_an_error_not_a_redo_here(monkeypatch):
         done.set()
         killer.join()
     assert len(children) == 1
+
+
+def test_a_determinization_apart_stays_within_max_memory(monkeypatch):
+    """A query that raises max_states far past what its memory holds (.*a.{20} has millions of
+    states deterministic): the child determinizing it may grow by max_memory at most, and the
+    compile is then one error that names max_memory, under MATCHING, not gigabytes; a
+    determinization that fits is done apart under the same bound as here."""
+    import signal
+
+    import relmql
+    from relmql.automata import memory_bound, primitives
+    children = _spied(monkeypatch)
+    con = relmql.connect(model="tiny-gpt2")
+    query = "SELECT text MATCHING '.*a.{20}' USING max_states 100000000, max_memory '64MiB' LIMIT 1"
+    with pytest.raises(relmql.Error) as got:
+        con.sql(query).fetchall()
+    e = got.value
+    assert e.kind == "compile error" and "more memory than max_memory (64 MiB)" in e.message
+    assert "raise max_memory" in e.hint and e.span == (query.index("'.*"), query.index(" USING"))
+    assert len(children) == 1 and children[0].returncode == -signal.SIGABRT  # OpenFST's allocation failed
+    monkeypatch.setattr(primitives, "IN_PROCESS_STATES", 3)
+    with memory_bound(64 * 2 ** 20):
+        got = primitives.determinized(_last_but(8), 100_000)
+    assert len(children) == 2 and children[1].returncode == 0 and got.num_states() == 2 ** 9

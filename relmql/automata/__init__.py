@@ -15,6 +15,7 @@ from ..models.vocab import Vocabulary
 from ..records import EDIT_SCOPES, MAX_EDITS, TOKENIZATIONS, CompileOptions
 from .bytedfa import ByteDFA
 from .language import Language, LanguageSpec, compile_language
+from .primitives import memory_bound
 from .tokens import Arcs, TokenAutomaton
 
 
@@ -61,4 +62,4 @@ def _compile(matching: str, vocabulary: Vocabulary, prefix: Optional[str], optio
 
 
 __all__ = ["compile", "CompileOptions", "TokenAutomaton", "Arcs", "Language", "LanguageSpec", "ByteDFA",
-           "compile_language"]
+           "compile_language", "memory_bound"]

@@ -8,18 +8,22 @@ of a final state until it is moved into ``ByteDFA.final``.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import os
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
-from typing import Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 import numpy as np
 import pynini
 
 from ..errors import CompileError
+from ..memory import format_size
 from ..records import checkpoint
 from .charset import CodepointSet, utf8_sequences
 
@@ -31,6 +35,19 @@ NBYTES = 256
 ONE = pynini.Weight.one("tropical")
 SUBSET_BUDGET = 100  # subset-construction elements per allowed state, in repetitions
 IN_PROCESS_STATES = 20_000  # a larger determinization is redone in a child process (``determinized``)
+_MEMORY: contextvars.ContextVar[Optional[int]] = contextvars.ContextVar("relmql_compile_memory", default=None)
+
+
+@contextlib.contextmanager
+def memory_bound(nbytes: Optional[int]) -> Iterator[None]:
+    """Within this block, a determinization done in a child process may take at most ``nbytes``
+    of memory beyond what the child starts with (a query's ``max_memory``); past it the child
+    fails and the compile is a ``CompileError`` that names the bound. None: no bound."""
+    token = _MEMORY.set(nbytes)
+    try:
+        yield
+    finally:
+        _MEMORY.reset(token)
 
 
 def lab(byte: int) -> int:
@@ -160,7 +177,8 @@ def optimize(fst: pynini.Fst, max_states: int, span=None, source: Optional[str] 
 
 # In a child process: the acceptor in argv[1] determinized (at most argv[3] + 1 states) and, within
 # argv[3] states, minimized, written to argv[2]. Only pynini is imported (it starts in ~0.1 s); on
-# Linux the child dies with its parent (argv[4]), whatever kills the parent.
+# Linux the child dies with its parent (argv[4]), whatever kills the parent. With argv[5] > 0 its
+# address space may grow by that many bytes at most: OpenFST's failed allocation then aborts it.
 _CHILD = """import os, signal, sys
 try:
     import ctypes
@@ -170,7 +188,12 @@ except Exception:
 if os.getppid() != int(sys.argv[4]):
     sys.exit(3)
 import pynini
-fst, limit = pynini.Fst.read(sys.argv[1]), int(sys.argv[3])
+fst, limit, grow = pynini.Fst.read(sys.argv[1]), int(sys.argv[3]), int(sys.argv[5])
+if grow > 0:
+    import resource
+    size = [int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmSize")]
+    if size:
+        resource.setrlimit(resource.RLIMIT_AS, (size[0] + grow, resource.RLIM_INFINITY))
 det = pynini.determinize(fst, nstate=limit + 1)
 (det if det.num_states() > limit else det.minimize()).write(sys.argv[2])
 """
@@ -210,13 +233,18 @@ def _determinized_apart(fst: pynini.Fst, limit: int) -> Optional[pynini.Fst]:
         child = None
         try:
             fst.write(src)
-            child = _spawn([sys.executable, "-c", _CHILD, src, dst, str(limit), str(os.getpid())])
+            bound = _MEMORY.get()
+            child = _spawn([sys.executable, "-c", _CHILD, src, dst, str(limit), str(os.getpid()), str(bound or 0)])
             while True:
                 try:
                     child.wait(timeout=0.05)
                     break
                 except subprocess.TimeoutExpired:
                     checkpoint()
+            if child.returncode == -signal.SIGABRT and bound:  # OpenFST's allocation failed at the bound
+                raise CompileError(f"building the automaton needed more memory than max_memory "
+                                   f"({format_size(bound)}) on the way to {limit:,} states",
+                                   hint="simplify the pattern, lower the limit (max_states), or raise max_memory")
             if child.returncode < 0:
                 raise CompileError(f"building the automaton was stopped by signal {-child.returncode} "
                                    f"(out of memory, most likely) on the way to {limit:,} states",
