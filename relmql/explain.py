@@ -67,7 +67,7 @@ def _lines(plan: QueryPlan, automaton: TokenAutomaton, model: LanguageModel, dat
             f"estimate: more than {t.exact_limit:,} token sequences" if t.exact_limit else "estimate")
         if plan.prefix:
             n = automaton.count_paths(automaton.start, t.max_prefix_tokens, prefix_only=True)
-            add("prefixes", f"{n:,} token path{'s' if n != 1 else ''}; "
+            add("prefixes", f"{format_count(n)} token path{'s' if n != 1 else ''}; "
                 + "probability() is the mean over them (per value of the GROUP BY keys that the prefix fixes), "
                   "not their sum")
     elif isinstance(t, Sample):

@@ -328,6 +328,10 @@ def test_prob_order_with_an_explosive_prefix_is_a_clear_error(tiny):
         next(execute(ta, tiny, ShortestPath(max_prefix_nodes=50)))
     assert "total_prob" in info.value.hint
     assert next(execute(ta, tiny, ShortestPath(order="total_prob"))).rank == 1
+    # a count of prefix token sequences past 15 digits is shown as a power of ten, not its digits
+    huge = compile("a{300} c", tiny.vocabulary, "a{300}", ALL)
+    with pytest.raises(ExecutionError, match=r"make about \d\.\d\de\d+ token sequences to read first"):
+        next(execute(huge, tiny, ShortestPath()))
 
 
 def test_too_many_prefix_paths_are_refused_before_any_model_call(tiny):

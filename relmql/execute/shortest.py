@@ -30,6 +30,7 @@ from typing import Callable, Generator, Iterator, List, Optional, Tuple
 import numpy as np
 import torch
 
+from ..automata.bytedfa import format_count
 from ..automata.tokens import TokenAutomaton
 from ..memory import shares
 from ..models.base import LanguageModel, ModelState
@@ -577,7 +578,7 @@ class ShortestPathSearch:
         nodes = self.automaton.count_paths(self.automaton.start, self.opts.max_prefix_tokens, prefix_only=True,
                                            nodes=True)
         if nodes > self.opts.max_prefix_nodes:
-            raise self.too_many_prefix_paths(f"{nodes:,}")
+            raise self.too_many_prefix_paths(format_count(nodes))
 
     def too_many_prefix_paths(self, count: str) -> ExecutionError:
         return ExecutionError(
