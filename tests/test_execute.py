@@ -328,21 +328,27 @@ def test_prob_order_with_an_explosive_prefix_is_a_clear_error(tiny):
         next(execute(ta, tiny, ShortestPath(max_prefix_nodes=50)))
     assert "total_prob" in info.value.hint
     assert next(execute(ta, tiny, ShortestPath(order="total_prob"))).rank == 1
-    # a count of prefix token sequences past 15 digits is shown as a power of ten, not its digits
+    # the prefix's token tree is counted level by level, and only until it passes the bound:
+    # the same count as count_paths' where it fits, none past it; a tree of about 1e85 nodes is
+    # refused with the bound, not its 86 digits
+    for n in (3, 12):
+        tree = ta.count_paths(ta.start, n, prefix_only=True, nodes=True)
+        assert ta.prefix_nodes(n, tree) == tree and ta.prefix_nodes(n, tree - 1) is None
     huge = compile("a{300} c", tiny.vocabulary, "a{300}", ALL)
-    with pytest.raises(ExecutionError, match=r"make about \d\.\d\de\d+ token sequences to read first"):
+    with pytest.raises(ExecutionError, match="make more than 100,000 token sequences to read first"):
         next(execute(huge, tiny, ShortestPath()))
 
 
 def test_too_many_prefix_paths_are_refused_before_any_model_call(tiny):
-    """The prefix's token tree is counted first: the error names its size (here from brute-force
-    segmentations) and no node is expanded; at that size the search runs and expands exactly it."""
+    """The prefix's token tree is counted first (until it passes the bound): one node over the
+    bound (its size here from brute-force segmentations) is an error that names the bound, and
+    no node is expanded; at that size the search runs and expands exactly it."""
     text = "abcabcabc"
     segs = segmentations(text.encode(), token_index(tiny.vocabulary))
     tree = len({seg[:i] for seg in segs for i in range(len(seg) + 1)})
     ta = compile(text + " x", tiny.vocabulary, text, ALL)
     stats = SearchStats()
-    with pytest.raises(ExecutionError, match=f"make {tree:,} token sequences"):
+    with pytest.raises(ExecutionError, match=f"make more than {tree - 1:,} token sequences"):
         next(execute(ta, tiny, ShortestPath(max_prefix_nodes=tree - 1), stats=stats))
     assert stats.expanded == 0
     stats = SearchStats()

@@ -811,6 +811,25 @@ class TokenAutomaton:
                 c * memo[(t, budget - 1, pre)] for t, c in zip(*targets))
         return memo[root]
 
+    def prefix_nodes(self, max_tokens: int, limit: int) -> Optional[int]:
+        """``count_paths(start, max_tokens, prefix_only=True, nodes=True)``, the nodes of the
+        prefix's token tree, or None as soon as they are known to be more than ``limit``: counted
+        level by level, so that a prefix with astronomically many tokenizations (text pasted with
+        unescaped dots) is refused after its first levels, not after every state's arcs."""
+        frontier, total = {self.start: 1}, 1
+        for _ in range(max_tokens):
+            nxt: Dict[int, int] = {}
+            for s, c in frontier.items():
+                for t, k in zip(*self._count_targets(s, True)):
+                    nxt[t] = nxt.get(t, 0) + c * k
+            if not nxt:
+                break
+            total += sum(nxt.values())
+            if total > limit:
+                return None
+            frontier = nxt
+        return total
+
     def _ends_here(self, state: int, prefix_only: bool) -> int:
         """1 where a counted path may end at ``state`` (with ``prefix_only``: the prefix may end
         there), else 0."""

@@ -30,7 +30,6 @@ from typing import Callable, Generator, Iterator, List, Optional, Tuple
 import numpy as np
 import torch
 
-from ..automata.bytedfa import format_count
 from ..automata.tokens import TokenAutomaton
 from ..memory import shares
 from ..models.base import LanguageModel, ModelState
@@ -575,10 +574,8 @@ class ShortestPathSearch:
         nodes than ``max_prefix_nodes``: each would be expanded before the first row."""
         if not self.by_prob:
             return
-        nodes = self.automaton.count_paths(self.automaton.start, self.opts.max_prefix_tokens, prefix_only=True,
-                                           nodes=True)
-        if nodes > self.opts.max_prefix_nodes:
-            raise self.too_many_prefix_paths(format_count(nodes))
+        if self.automaton.prefix_nodes(self.opts.max_prefix_tokens, self.opts.max_prefix_nodes) is None:
+            raise self.too_many_prefix_paths(f"more than {self.opts.max_prefix_nodes:,}")
 
     def too_many_prefix_paths(self, count: str) -> ExecutionError:
         return ExecutionError(
