@@ -335,8 +335,15 @@ def test_prob_order_with_an_explosive_prefix_is_a_clear_error(tiny):
         tree = ta.count_paths(ta.start, n, prefix_only=True, nodes=True)
         assert ta.prefix_nodes(n, tree) == tree and ta.prefix_nodes(n, tree - 1) is None
     huge = compile("a{300} c", tiny.vocabulary, "a{300}", ALL)
-    with pytest.raises(ExecutionError, match="make more than 100,000 token sequences to read first"):
+    with pytest.raises(ExecutionError, match="tokenizations of this prefix make more than 100,000 token sequences "
+                                             "to read first") as info:
         next(execute(huge, tiny, ShortestPath()))
+    assert "a canonical prefix tokenization" in info.value.hint
+    # canonically, many strings (text pasted with its dots unescaped): the hint says how to escape
+    dotted = compile("a.c.e x", tiny.vocabulary, "a.c.e")
+    with pytest.raises(ExecutionError, match="strings of this prefix make more than 50 token sequences") as info:
+        next(execute(dotted, tiny, ShortestPath(max_prefix_nodes=50)))
+    assert "escape('...')" in info.value.hint and "canonical" not in info.value.hint
 
 
 def test_too_many_prefix_paths_are_refused_before_any_model_call(tiny):

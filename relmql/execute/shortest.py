@@ -579,10 +579,13 @@ class ShortestPathSearch:
 
     def too_many_prefix_paths(self, count: str) -> ExecutionError:
         return ExecutionError(
-            f"ORDER BY prob needs the distribution after every prefix, and the tokenizations of this prefix "
+            f"ORDER BY prob needs the distribution after every prefix, and the "
+            f"{'strings' if self.automaton.canonical[0] else 'tokenizations'} of this prefix "
             f"make {count} token sequences to read first (max_prefix_nodes is {self.opts.max_prefix_nodes:,})",
-            hint="use ORDER BY total_prob (it reads only the likely tokenizations of the prefix), a canonical "
-                 "prefix tokenization, or a narrower PREFIX")
+            hint="use ORDER BY total_prob (it reads only the likely tokenizations of the prefix), " + (
+                "or a narrower PREFIX: it matches many strings (text with characters such as . ? ( ) read as "
+                "itself is written escape('...'))" if self.automaton.canonical[0] else
+                "a canonical prefix tokenization, or a narrower PREFIX"))
 
     def bound(self) -> Optional[Stop]:
         """The bound that stops the search before its next model call, if one does (and the most
