@@ -109,11 +109,13 @@ def compile_language(spec: LanguageSpec) -> Language:
     except CompileError as e:
         # a bound on MATCHING as PREFIX, edits or WHERE refine it, or on the text the edits are of
         over = e.message.startswith("the automaton has more than")
-        if e.span is None and (over or "edits make too large an automaton" in e.message):
+        edits = "edits make too large an automaton" in e.message
+        if e.span is None and (over or edits):
             e.span, e.source = (0, len(spec.matching)), spec.matching
             if over:
                 e.hint = "raise the limit (max_states), or shorten or simplify MATCHING (and PREFIX)"
-            raise _role(e, "MATCHING") from None
+            # a query places the edits error under its edits option (QueryPlan.source_error)
+            raise _role(e, "USING edits" if edits else "MATCHING") from None
         raise
     dfa = to_dfa(lang)
     if dfa.is_empty():

@@ -84,6 +84,7 @@ class QueryPlan:
     test: Optional[TestPlan] = None
     exclude_spans: Tuple[Tuple[int, int], ...] = ()
     exclude_offsets: Tuple[Optional[Tuple[int, ...]], ...] = field(default=(), repr=False)
+    option_spans: Tuple[Tuple[str, Tuple[int, int]], ...] = field(default=(), repr=False)  # USING name value
 
     @property
     def columns(self) -> Tuple[str, ...]:
@@ -95,6 +96,13 @@ class QueryPlan:
     def source_error(self, err: Error) -> Error:
         """A compiler error (span inside a regex) moved onto the query text."""
         role = err.role or "MATCHING"
+        if role.startswith("USING "):  # an option's value is what is too costly: under the option, if written
+            span = dict(self.option_spans).get(role[len("USING "):])
+            if span is not None:
+                out = type(err)(err.message, span, self.source, err.hint)
+                out.role = err.role
+                return out
+            role = "MATCHING"  # a session's SET: under the text the option applies to
         span, offsets = (self.prefix_span, self.prefix_offsets) if role == "PREFIX" else \
             (self.matching_span, self.matching_offsets)
         if role.startswith("exclusion "):  # the k-th compiled WHERE filter
@@ -309,7 +317,8 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
                      prefix_offsets=tuple(p_off) if p_off else None,
                      test=_test(query.test, outputs, aggregate, source, opts["test_draws"]),
                      exclude_spans=tuple(x.span for x in exclude),
-                     exclude_offsets=tuple(x.offsets for x in exclude))
+                     exclude_offsets=tuple(x.offsets for x in exclude),
+                     option_spans=tuple((option(o.name).name, o.span) for o in query.using))
 
 
 def _options(query: A.Query, source: str, settings, params) -> Dict[str, Any]:
