@@ -20,7 +20,7 @@ from .automata.language import levenshtein, nearest, unedited, viable_length
 from .errors import Error
 from .execute import Mass, Row, SampleStats, SearchStats, execute, measure
 from .execute.shortest import NO_ROW
-from .memory import approx_bytes, format_size, shares
+from .memory import DEFAULT_MAX_MEMORY, approx_bytes, format_size, shares
 from .models import LanguageModel
 from .plan import DatasetPlan, ModelRef, Plan, QueryPlan, count_selected, evaluate, plan_row, selected_rows
 from .plan.expr import Env, truth
@@ -217,6 +217,7 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
     if plan.limit == 0:
         return
     emitted, kept_at = 0, 0
+    read_at = (model.stats.tokens, model.stats.recomputed)
     stats = SearchStats(watch=None if on_note is None else lambda s, opts: on_note(nodes_note(s, opts)))
     mass = None
     if isinstance(plan.traversal, Measure):
@@ -252,7 +253,9 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
         emitted += 1
         yield env
         if plan.limit is not None and emitted >= plan.limit:
+            _note_reread(plan, model, read_at)
             return
+    _note_reread(plan, model, read_at)
     if stats.stop is not None:
         stop = dataclasses.replace(stats.stop, rows=emitted)  # the rows the user sees
         if stopped is not None:
@@ -267,6 +270,20 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
             no_row.append((plan, causes, partial))
         else:
             say(no_row_note(plan, causes, partial))
+
+
+REREAD_NOTE = 1024  # tokens read again for want of room for their keys and values, past which a query says so
+
+
+def _note_reread(plan: QueryPlan, model: LanguageModel, read_at: Tuple[int, int]) -> None:
+    """Say so where most of what the model read this query it read again because the keys and
+    values of earlier tokens (a long prompt's, say) did not fit the query's share of max_memory:
+    the query was slower than it needs to be, and a larger max_memory keeps them."""
+    tokens, again = model.stats.tokens - read_at[0], model.stats.recomputed - read_at[1]
+    if again >= REREAD_NOTE and 2 * again > tokens:
+        kv = shares(getattr(plan.traversal, "max_memory", None) or DEFAULT_MAX_MEMORY).kv
+        say(f"note: the model read {again:,} of its {tokens:,} tokens again: their keys and values did not "
+            f"fit max_memory's share for them ({format_size(kv)}); raise max_memory to keep them")
 
 
 def nodes_note(stats: SearchStats, opts: ShortestPath) -> str:
