@@ -329,10 +329,14 @@ def test_prob_order_with_an_explosive_prefix_is_a_clear_error(tiny):
     assert "total_prob" in info.value.hint
     assert next(execute(ta, tiny, ShortestPath(order="total_prob"))).rank == 1
     # the prefix's token tree is counted level by level, and only until it passes the bound:
-    # the same count as count_paths' where it fits, none past it; a tree of about 1e85 nodes is
-    # refused with the bound, not its 86 digits
-    for n in (3, 12):
-        tree = ta.count_paths(ta.start, n, prefix_only=True, nodes=True)
+    # within n tokens, every sequence of the vocabulary's [ab]+ tokens of at most 12 bytes (by
+    # brute force) where it fits, none past it; a tree of about 1e85 nodes is refused with the
+    # bound, not its 86 digits
+    import itertools
+    import re
+    sizes = [len(b) for b in tiny.vocabulary.tokens if b and re.fullmatch(rb"[ab]+", b)]
+    for n in (2, 3):
+        tree = sum(1 for j in range(n + 1) for seq in itertools.product(sizes, repeat=j) if sum(seq) <= 12)
         assert ta.prefix_nodes(n, tree) == tree and ta.prefix_nodes(n, tree - 1) is None
     huge = compile("a{300} c", tiny.vocabulary, "a{300}", ALL)
     with pytest.raises(ExecutionError, match="tokenizations of this prefix make more than 100,000 token sequences "

@@ -786,13 +786,11 @@ class TokenAutomaton:
             for t, n, p in zip(arcs.tokens.tolist(), arcs.targets.tolist(), arcs.prefix.tolist()):
                 stack.append((n, toks + (t,), npre + p))
 
-    def count_paths(self, state: int, max_tokens: int, prefix_only: bool = False, nodes: bool = False) -> int:
+    def count_paths(self, state: int, max_tokens: int, prefix_only: bool = False) -> int:
         """The number of accepted token paths of at most ``max_tokens`` tokens from ``state``
-        (with ``prefix_only``: paths to the end of the prefix; with ``nodes`` too: every token
-        sequence that begins the prefix, the empty one included — the prefix's token tree).
-        Cycles are unrolled."""
+        (with ``prefix_only``: paths to the end of the prefix). Cycles are unrolled."""
         memo = self._counts
-        pre = bool(prefix_only) + bool(prefix_only and nodes)
+        pre = bool(prefix_only)
         root = (int(state), int(max_tokens), pre)
         stack = [root]
         while stack:  # depth-first, without recursion: a child's count before its parent's
@@ -801,21 +799,22 @@ class TokenAutomaton:
                 stack.pop()
                 continue
             s, budget, pre = key
-            targets = self._count_targets(s, pre > 0) if budget else ([], [])
+            targets = self._count_targets(s, pre) if budget else ([], [])
             missing = [(t, budget - 1, pre) for t in targets[0] if (t, budget - 1, pre) not in memo]
             if missing:
                 stack.extend(missing)
                 continue
             stack.pop()
-            memo[key] = (1 if pre == 2 else self._ends_here(s, pre > 0)) + sum(
+            memo[key] = self._ends_here(s, pre) + sum(
                 c * memo[(t, budget - 1, pre)] for t, c in zip(*targets))
         return memo[root]
 
     def prefix_nodes(self, max_tokens: int, limit: int) -> Optional[int]:
-        """``count_paths(start, max_tokens, prefix_only=True, nodes=True)``, the nodes of the
-        prefix's token tree, or None as soon as they are known to be more than ``limit``: counted
-        level by level, so that a prefix with astronomically many tokenizations (text pasted with
-        unescaped dots) is refused after its first levels, not after every state's arcs."""
+        """The nodes of the prefix's token tree within ``max_tokens`` tokens (every token sequence
+        that begins the prefix, the empty one included), or None as soon as they are known to be
+        more than ``limit``: counted level by level, so that a prefix with astronomically many
+        tokenizations (text pasted with unescaped dots) is refused after its first levels, not
+        after every state's arcs."""
         frontier, total = {self.start: 1}, 1
         for _ in range(max_tokens):
             nxt: Dict[int, int] = {}
