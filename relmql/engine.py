@@ -309,8 +309,8 @@ def draws_note(stats: SampleStats, opts: Sample) -> str:
         kind = "missed" if opts.misses else "rejected" if opts.mode == "exact" else "dead ends"
         text += f", {stats.discarded:,} {kind}"
         if stats.too_long:  # the draws a length bound cut: raising it is what helps
-            where = "max_tokens" if "max_tokens" in stats.cut or not stats.cut else "the context"
-            text += f" ({stats.too_long:,} cut at {where}{f' {opts.max_tokens:,}' if where == 'max_tokens' else ''})"
+            where = f"max_tokens {opts.max_tokens:,}" if stats.too_long_at == "max_tokens" else "the context"
+            text += f" ({stats.too_long:,} cut at {where})"
     return text
 
 

@@ -57,6 +57,11 @@ class SampleStats:
     too_long: int = 0
     watch: Optional[Callable[["SampleStats", Sample], None]] = field(default=None, repr=False, compare=False)
 
+    @property
+    def too_long_at(self) -> str:
+        """The bound the ``too_long`` draws ran into: ``max_tokens`` (where it cut any), else ``context``."""
+        return "max_tokens" if "max_tokens" in self.cut or not self.cut else "context"
+
 
 @dataclass
 class _Walker:
@@ -282,7 +287,7 @@ class Sampler:
         model's context before a string of the language ended: the draw budget would be spent
         the same way (an hour of draws of max_tokens tokens each, for one sample), and the
         strings drawn at last would be the few short enough, not a sample of the model's."""
-        if "max_tokens" in self.stats.cut or len(self.stats.cut) == 0:
+        if self.stats.too_long_at == "max_tokens":
             where, hint = (f"max_tokens ({self.opts.max_tokens:,} tokens)",
                            "raise max_tokens: the strings of this language take more tokens than that, as the "
                            "model draws them")
