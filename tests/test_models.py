@@ -300,6 +300,58 @@ def test_evicted_state_is_recomputed(tiny):
     assert torch.allclose(t.logprobs, ref.logprobs, atol=1e-5)
 
 
+def _evict_blocks(model, blocks):
+    """Drop ``blocks``' keys and values as the model's least-recently-used eviction does."""
+    for b in blocks:
+        model._kv_lru.pop(id(b))
+        b.kv = None
+        model._release(b.store)
+
+
+@pytest.mark.parametrize("model_name,room", [("tiny", None), ("tiny", 2), ("smol", None), ("gemma", None)])
+def test_evicted_blocks_are_read_again_once_a_call_in_place(request, model_name, room, monkeypatch):
+    """Sequences below an evicted beginning (a long PREFIX under a small max_memory) read each
+    evicted block again once a call, not each sequence its whole past: the evicted prompt, two
+    evicted nodes below it and one below a kept node, extended in one call with a kept sequence,
+    read 1 + 600 + 3 tokens again (past gemma's 512-token sliding window; 300 on tiny-gpt2), in
+    passes of a piece (PIECE_TOKENS) at most: one on tiny-gpt2 (three with a piece of 2), two
+    where the prompt was read in two pieces or more. Every state's distribution and
+    token log-probabilities are a plain forward pass's, and the blocks hold keys and values
+    again, those they held before within float32 rounding."""
+    from relmql.models import hf
+    model = request.getfixturevalue(model_name)
+    model.set_cache_budget(2 ** 30)  # another test may have left it low
+    enc = model.vocabulary.encode
+    n = 600 if model.max_length > 1000 else 300  # tiny-gpt2 reads 512 tokens at most
+    words = enc(" ".join(["the quick brown fox jumps over the lazy dog"] * 70))[:n]
+    t = enc(" and then she said it")
+    root = model.extend([None], [words])[0]
+    mid = model.extend([root, root], [t[:1], t[1:2]])
+    leaves = model.extend([mid[0], mid[0], mid[1], mid[1]], [t[2:3], t[3:4], t[2:3], t[4:5]])
+    lost = root.cache.chain() + [mid[0].cache, leaves[0].cache, leaves[3].cache]
+    before = [b.kv.clone() for b in lost]
+    _evict_blocks(model, lost)
+    passes, restore_pass = [], model._restore_pass
+    monkeypatch.setattr(model, "_restore_pass", lambda group: passes.append(len(group)) or restore_pass(group))
+    if room:
+        monkeypatch.setattr(hf, "PIECE_TOKENS", room)
+    again = model.stats.recomputed
+    parents = [leaves[0], leaves[1], leaves[3], mid[1]]
+    got = model.extend(parents, [t[:1], t[:1], t[1:3], t[2:3]])
+    assert model.stats.recomputed - again == 1 + n + 3
+    assert len(passes) == {"tiny": 3 if room else 1, "smol": 2, "gemma": 2}[model_name] and sum(passes) == len(lost)
+    tol = 2e-4 if model_name == "gemma" else 1e-4
+    for b, kv in zip(lost, before):
+        assert b.kv is not None and (b.kv - kv).abs().max() <= tol + 1e-5 * kv.abs().max()  # gemma's reach 94
+    for st in got:
+        with torch.no_grad():
+            ref = torch.log_softmax(model.model(torch.tensor([list(st.tokens)])).logits[0].float(), -1)
+        assert torch.allclose(st.logprobs, ref[-1], atol=tol), (ref[-1] - st.logprobs).abs().max()
+        n = len(st.token_logprobs)
+        want = ref[np.arange(len(st.tokens) - n - 1, len(st.tokens) - 1), list(st.tokens[-n:])].double().numpy()
+        assert np.isnan(st.token_logprobs[0]) and np.allclose(st.token_logprobs[1:], want[1:], atol=tol)
+
+
 def test_smollm2_loads_from_the_cache_quickly(smol):
     t = time.perf_counter()
     again = load_model("smollm2-135m", dtype="float32")

@@ -65,10 +65,12 @@ class _Store:
 class TransformersModel(LanguageModel):
     """Any transformers causal LM with a fast tokenizer.
 
-    ``extend`` pads a batch of sequences of different lengths (past on the left, new tokens on
-    the right) into one forward pass. Keys and values live in a tree of ``KVBlock``s; when they
-    take more than ``kv_budget`` bytes, the least recently used blocks are dropped, and a
-    sequence that needs a dropped block is read again from the start.
+    ``extend`` reads a batch of sequences in one forward pass: their new tokens as one sequence
+    under a tree attention mask, or (where the model cannot take one) padded (past on the left,
+    new tokens on the right). Keys and values live in a tree of ``KVBlock``s; when they take
+    more than ``kv_budget`` bytes, the least recently used blocks are dropped, and a call that
+    needs dropped blocks reads each of them again once, in place (without tree attention, a
+    sequence that needs one is read again from the start).
     """
 
     def __init__(self, model, tokenizer, name: str, bos_id: Optional[int] = None, eos_id: Optional[int] = None,
@@ -88,6 +90,7 @@ class TransformersModel(LanguageModel):
             raise ModelError(f"model {name!r} has neither a start-of-text nor an end-of-text token")
         self.stats = ModelStats()
         self._cache_arg = cache_argument(model)
+        self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.kv_budget = kv_budget
         self._kv_bytes = 0
         self._kv_lru: "OrderedDict[int, weakref.ref]" = OrderedDict()
@@ -237,7 +240,7 @@ class TransformersModel(LanguageModel):
     def _extend(self, states, tokens) -> List[ModelState]:
         if len(states) != len(tokens):
             raise ValueError("states and tokens differ in length")
-        seqs = []
+        seqs, lost = [], {}
         for st, new in zip(states, tokens):
             new = [int(t) for t in new]
             if st is None:
@@ -246,7 +249,13 @@ class TransformersModel(LanguageModel):
             if not new:
                 raise ValueError("extend needs at least one new token for an existing state")
             chain = st.cache.chain() if st.cache is not None else None
-            if chain is None or any(b.kv is None for b in chain):
+            gone = [b for b in chain if b.kv is None] if chain is not None else None
+            if gone and self.tree_attention:
+                # evicted blocks are read again once for the whole call, in place (below)
+                for b in gone:
+                    lost.setdefault(id(b), (b, st.tokens[b.length - b.n:b.length]))
+                seqs.append((st.tokens, chain, new, 0))
+            elif chain is None or gone:
                 # evicted: read everything again (the first new token's probability is known)
                 self.stats.recomputed += len(st.tokens)
                 seqs.append(((), None, list(st.tokens) + new, len(st.tokens)))
@@ -255,12 +264,60 @@ class TransformersModel(LanguageModel):
         longest = max((len(past) + len(new) for past, _, new, _ in seqs), default=0)
         if self.max_length is not None and longest > self.max_length:
             raise self.context_error(longest)
+        if lost:
+            self._restore(sorted(lost.values(), key=lambda bt: bt[0].length))
         return self._forward(seqs)
+
+    def _restore(self, lost) -> None:
+        """Read evicted blocks again and put their keys and values back in place: each block
+        once, however many of the call's sequences it begins (a long PREFIX evicted under a
+        small max_memory is read once per call, not once per node), in tree-attention passes of
+        at most a piece of tokens (fewer where the model computes every position's logits).
+        ``lost``: (block, its tokens), ancestors first."""
+        room = PIECE_TOKENS if self._keep_arg else self._piece()
+        group, size = [], 0
+        for blk, toks in lost:
+            if group and size + blk.n > room:
+                self._restore_pass(group)
+                group, size = [], 0
+            group.append((blk, toks))
+            size += blk.n
+        if group:
+            self._restore_pass(group)
+
+    def _restore_pass(self, group) -> None:
+        """One forward pass that reads ``group``'s blocks again over their kept ancestors, each
+        block's tokens seeing those of its ancestors in the group."""
+        inside = {id(b): e for e, (b, _) in enumerate(group)}
+        union, where, parts = [], {}, []
+        for blk, _ in group:
+            kept, among = [], []
+            a = blk.parent
+            while a is not None:
+                if id(a) in inside:
+                    among.append(inside[id(a)])
+                else:
+                    kept.append(a)
+                a = a.parent
+            for a in reversed(kept):
+                if id(a) not in where:
+                    where[id(a)] = len(union)
+                    union.append(a)
+            parts.append(([where[id(a)] for a in kept], among))
+        fresh = self._tree_pass([list(t) for _, t in group], [b.length - b.n for b, _ in group], union, parts,
+                                logits=False)[0]
+        store = _Store(fresh.numel() * fresh.element_size())
+        at = 0
+        for blk, _ in group:
+            blk.kv, blk.store = fresh[:, :, at:at + blk.n], store
+            self._register(blk)
+            at += blk.n
+        self.stats.recomputed += at
 
     def _forward(self, seqs) -> List[ModelState]:
         # a batch whose logits would take more than LOGITS_BYTES runs in several forward passes,
         # and a sequence of more than a piece of new tokens a piece at a time
-        piece = max(1, min(PIECE_TOKENS, LOGITS_BYTES // (4 * len(self.vocabulary))))
+        piece = self._piece()
         out, group, size = [], [], 0
         for seq in seqs:
             b = len(seq[2]) * len(self.vocabulary) * 4
@@ -276,6 +333,11 @@ class TransformersModel(LanguageModel):
             out += self._forward_batch(group)
         self._evict()
         return out
+
+    def _piece(self) -> int:
+        """The most new tokens of one sequence a forward pass reads (their logits within
+        LOGITS_BYTES)."""
+        return max(1, min(PIECE_TOKENS, LOGITS_BYTES // (4 * len(self.vocabulary))))
 
     def _forward_pieces(self, seq, piece: int) -> ModelState:
         """One sequence with many new tokens (a long prompt), ``piece`` of them per forward pass,
@@ -337,14 +399,16 @@ class TransformersModel(LanguageModel):
         return self._states(seqs, [fresh[b, :, :, :n] for b, n in enumerate(new_len)], list(within), nexts,
                             _Store(fresh.numel() * fresh.element_size()))
 
-    def _run(self, ids, mask, pos, cache, ntokens: int):
+    def _run(self, ids, mask, pos, cache, ntokens: int, logits: bool = True):
         """One forward pass, timed and counted: its output and float32 log-probabilities (as
-        transformers scores; its rounding moves a log-probability by up to 3e-5)."""
+        transformers scores; its rounding moves a log-probability by up to 3e-5), or only its
+        keys and values (``logits`` False: the log-probabilities are None)."""
         dev = self.device
         t0 = time.perf_counter()
+        keep = {} if logits or not self._keep_arg else {"logits_to_keep": 1}
         out = self.model(input_ids=ids.to(dev), attention_mask=mask, position_ids=pos.to(dev),
-                         use_cache=True, **{self._cache_arg: cache})
-        logprobs = torch.log_softmax(out.logits.float(), dim=-1)
+                         use_cache=True, **{self._cache_arg: cache}, **keep)
+        logprobs = torch.log_softmax(out.logits.float(), dim=-1) if logits else None
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         self.stats.seconds += time.perf_counter() - t0
@@ -370,27 +434,47 @@ class TransformersModel(LanguageModel):
 
     def _forward_tree(self, seqs, union: List[KVBlock], where) -> List[ModelState]:
         """The batch as one sequence (tree attention): the new tokens of every element, one after
-        another, over the keys and values of their ancestors, each block of them once; a 4D mask
-        lets each new token see its own ancestors and the new tokens of its element before it
-        (and, in a sliding-window layer, only those within the window)."""
+        another, over the keys and values of their ancestors, each block of them once."""
+        parts = [([where[id(b)] for b in chain or ()], ()) for _, chain, _, _ in seqs]
+        fresh, logprobs, ids = self._tree_pass([n for _, _, n, _ in seqs],
+                                               [chain[-1].length if chain else 0 for _, chain, _, _ in seqs],
+                                               union, parts)
+        dev = self.device
+        starts = np.cumsum([0] + [len(n) for _, _, n, _ in seqs])
+        T = int(starts[-1])
+        nxt = torch.zeros(T, dtype=torch.long, device=dev)
+        nxt[:-1] = ids[1:].to(dev)
+        within = torch.gather(logprobs, 1, nxt.unsqueeze(-1)).squeeze(-1).double().cpu().numpy()
+        nexts = logprobs[torch.from_numpy(starts[1:] - 1).to(dev)]
+        spans = list(zip(starts[:-1].tolist(), starts[1:].tolist()))
+        return self._states(seqs, [fresh[:, :, r0:r1] for r0, r1 in spans], [within[r0:r1] for r0, r1 in spans],
+                            nexts, _Store(fresh.numel() * fresh.element_size()))
+
+    def _tree_pass(self, news, bases, union: List[KVBlock], parts, logits: bool = True):
+        """One forward pass of elements' new tokens (``news[e]``, at positions from ``bases[e]``),
+        one after another, over ``union``'s blocks of keys and values, each once. A 4D mask lets
+        each new token see the union blocks ``parts[e][0]``, all tokens of the elements
+        ``parts[e][1]`` of this pass, and its own element's tokens before it (in a
+        sliding-window layer, only those within the window). Returns the new tokens' keys and
+        values ``[2 * layers, kv_heads, T, head_dim]``, their log-probabilities (None without
+        ``logits``) and the token ids."""
         dev = self.device
         offsets = np.cumsum([0] + [b.n for b in union])
         U = int(offsets[-1])
-        new_len = [len(n) for _, _, n, _ in seqs]
-        starts = np.cumsum([0] + new_len)
+        starts = np.cumsum([0] + [len(n) for n in news])
         T = int(starts[-1])
-        ids = torch.tensor([t for _, _, n, _ in seqs for t in n], dtype=torch.long)
+        ids = torch.tensor([t for n in news for t in n], dtype=torch.long)
         allowed = np.zeros((T, U + T), bool)
         depth = np.zeros(U + T, np.int64)  # the position of each key
         for k, b in enumerate(union):
             depth[offsets[k]:offsets[k + 1]] = np.arange(b.length - b.n, b.length)
-        for e, (prev, chain, new, _) in enumerate(seqs):
+        for e, (blocks, among) in enumerate(parts):
             r0, r1 = starts[e], starts[e + 1]
-            base = chain[-1].length if chain else 0
-            depth[U + r0:U + r1] = np.arange(base, base + len(new))
-            for blk in chain or ():
-                k = where[id(blk)]
+            depth[U + r0:U + r1] = np.arange(bases[e], bases[e] + r1 - r0)
+            for k in blocks:
                 allowed[r0:r1, offsets[k]:offsets[k + 1]] = True
+            for f in among:
+                allowed[r0:r1, U + starts[f]:U + starts[f + 1]] = True
             allowed[r0:r1, U + r0:U + r1] = np.tril(np.ones((r1 - r0, r1 - r0), bool))
         pos = torch.from_numpy(depth[U:]).unsqueeze(0)
         masks = {}
@@ -408,17 +492,10 @@ class TransformersModel(LanguageModel):
             full = self._stage.lay_out(union, T)  # [2 * layers, kv_heads, >= U + T, head_dim]
             cache = self._preloaded([(full[2 * i, :, :U + T].unsqueeze(0), full[2 * i + 1, :, :U + T].unsqueeze(0))
                                      for i in range(full.shape[0] // 2)], U)
-        out, logprobs = self._run(ids.unsqueeze(0), mask, pos, cache, T)
-        logprobs = logprobs[0]
-        nxt = torch.zeros(T, dtype=torch.long, device=dev)
-        nxt[:-1] = ids[1:].to(dev)
-        within = torch.gather(logprobs, 1, nxt.unsqueeze(-1)).squeeze(-1).double().cpu().numpy()
-        nexts = logprobs[torch.from_numpy(starts[1:] - 1).to(dev)]
+        out, logprobs = self._run(ids.unsqueeze(0), mask, pos, cache, T, logits)
         layers = _cache_tensors(out[self._cache_arg])
         fresh = torch.stack([t[0, :, U:] for k, v in layers for t in (k, v)], 0)  # [2 * layers, kv_heads, T, d]
-        spans = list(zip(starts[:-1].tolist(), starts[1:].tolist()))
-        return self._states(seqs, [fresh[:, :, r0:r1] for r0, r1 in spans], [within[r0:r1] for r0, r1 in spans],
-                            nexts, _Store(fresh.numel() * fresh.element_size()))
+        return fresh, (logprobs[0] if logits else None), ids
 
     def _batch_cache(self, chains, past_len, P, N):
         """The batch's past keys and values, left-padded to ``P``, each followed by room for
