@@ -302,24 +302,10 @@ class Result:
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{foot}"
 
 
-def _bare_word(node: A.Node, text: str) -> Optional[str]:
-    """The text of a SET value written as a bare word, as FROM takes a model name: ``all``, or
-    names read as arithmetic on columns (``tiny-gpt2``, ``org/model``) when written without spaces."""
-    if isinstance(node, A.Column):
-        return node.name
-    leaves, todo = [], [node]
-    while todo:
-        n = todo.pop()
-        if isinstance(n, A.Binary) and n.op in ("-", "/"):
-            todo += [n.left, n.right]
-        else:
-            leaves.append(n)
-    if not any(isinstance(n, A.Column) for n in leaves) or \
-            not all(isinstance(n, A.Column) or (isinstance(n, A.Literal) and isinstance(n.value, int))
-                    for n in leaves):
-        return None
-    raw = text[node.span[0]:node.span[1]]
-    return raw if raw and not any(c.isspace() for c in raw) else None
+def _bare_word(node: A.Node) -> Optional[str]:
+    """The text of a SET value written as a bare word, as FROM takes a model name (``all``,
+    ``tiny-gpt2``, ``gemma3-270m``, ``2GiB``: the parser reads it as a column's name)."""
+    return node.name if isinstance(node, A.Column) else None
 
 
 class Connection:
@@ -441,7 +427,7 @@ class Connection:
             return result
         if isinstance(st, A.Set):
             spec = option(st.name, st.name_span, text)
-            bare = _bare_word(st.value, text)
+            bare = _bare_word(st.value)
             if bare is not None and bare.lower() == "default":  # SET topk = DEFAULT, as PostgreSQL's
                 self.settings[spec.name] = spec.default  # valid as it is
             else:

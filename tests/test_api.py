@@ -266,9 +266,15 @@ def test_show_statements(con):
 
 def test_set_takes_a_bare_word_as_from_takes_a_model_name(con):
     session = fresh(con)
-    session.sql("SET model = tiny-gpt2; SET tokenization = all")  # tiny-gpt2 parses as tiny minus gpt2
+    session.sql("SET model = tiny-gpt2; SET tokenization = all")
     assert session.sql("SHOW model").fetchall()[0][1] == "tiny-gpt2"
     assert session.sql("SHOW tokenization").fetchall()[0][1] == "all"
+    # words that begin or go on with digits, which a query would read as a number and a name
+    session.sql("SET model = gemma3-270m; SET max_memory = 512MiB; SET seed = 1e3")
+    assert session.sql("SHOW model").fetchall()[0][1] == "gemma3-270m"
+    assert session.settings["max_memory"] == 512 * 2 ** 20 and session.settings["seed"] == 1000
+    session.sql("SET model = smollm2-135m; SET model = tiny-gpt2; SET topk = 2 * 20")  # numbers stay numbers
+    assert session.settings["topk"] == 40 and session.settings["model"] == "tiny-gpt2"
     with pytest.raises(PlanError, match="cannot refer to the result column 'tiny'"):
         session.sql("SET model = tiny - gpt2")  # spaces: an expression, as in a query
     with pytest.raises(PlanError, match="topk is a whole number, not 'a-b'"):

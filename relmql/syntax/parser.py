@@ -226,8 +226,10 @@ class _ToAst(Transformer_NonRecursive):
         return A.Explain(c[1], _span(meta))
 
     def set_stmt(self, meta, c):
-        name = c[1]
-        return A.Set(_name(name).lower(), c[-1], _span(meta), _tspan(name))
+        name, value = c[1], c[-1]
+        if isinstance(value, Token) and value.type == "SET_WORD":  # a bare word, read as a column is
+            value = A.Column(str(value), _tspan(value))
+        return A.Set(_name(name).lower(), value, _span(meta), _tspan(name))
 
     def show(self, meta, c):
         return A.Show(_name(c[1]).lower(), _span(meta))
