@@ -271,6 +271,17 @@ def test_row_filters(con, where, keep):
     assert [k for _, k in limited] == list(range(1, n + 1))  # rank numbers the rows that pass
 
 
+@pytest.mark.parametrize("where", ["rank > 1", "rank <= 2", "text <> 'x' AND rank = 2"])
+def test_where_cannot_use_rank(con, where):
+    """rank numbers the rows WHERE keeps: read in WHERE, every candidate row would be the next
+    one (rank > 1 kept nothing, and searched an infinite language until a bound)."""
+    with pytest.raises(PlanError, match="WHERE cannot use rank: rank numbers the rows that WHERE keeps") as info:
+        con.sql(f"SELECT rank, text MATCHING 'The [a-z]+' PREFIX 'The' WHERE {where} LIMIT 3")
+    text = info.value.source
+    assert text[info.value.span[0]:info.value.span[1]] == "rank" and info.value.span[0] > text.index("WHERE")
+    assert "LIMIT n keeps the first n rows" in info.value.hint
+
+
 def test_where_split_between_automaton_and_rows(con):
     text = f"SELECT text {Q} WHERE text NOT MATCHING 'A .*' AND group(2) <> 'cat' LIMIT 2"
     plan = _explain(con, text)

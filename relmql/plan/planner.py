@@ -465,6 +465,11 @@ def _where(query: A.Query, source: str, params, groups, opts) -> Tuple[Optional[
         return None, []
     check_calls(query.where, source, allow_aggregates=False, allow_rows=True)
     _check_columns(query.where, source, tuple(COLUMNS) + COMPUTED_COLUMNS + tuple(groups))
+    for n in query.where.walk():
+        if isinstance(n, A.Column) and n.name == "rank":  # each row would be the next one: rank 1 at the time
+            raise PlanError("WHERE cannot use rank: rank numbers the rows that WHERE keeps", n.span, source,
+                            hint="LIMIT n keeps the first n rows; to leave out the best ones, filter on prob or "
+                                 "text instead")
     exclude, rest = [], []
     for c in _conjuncts(query.where):
         regex = _exclusion(c, params, source)
