@@ -269,7 +269,7 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
         if no_row is not None:
             no_row.append((plan, causes, partial))
         else:
-            say(no_row_note(plan, causes, partial))
+            say(no_row_note(plan, causes, partial, stopped=stats.stop is not None))
 
 
 REREAD_NOTE = 1024  # tokens read again for want of room for their keys and values, past which a query says so
@@ -350,11 +350,14 @@ def _tokens(n: int) -> str:
     return f"{n:,} token{'' if n == 1 else 's'}"
 
 
-def no_row_note(plan: QueryPlan, causes, partial: bool = False) -> str:
+def no_row_note(plan: QueryPlan, causes, partial: bool = False, stopped: bool = False) -> str:
     """The note of a query with no row because the decoding rules or the token bounds cut every
     way to a string short (``SearchStats.no_row``: the search always exhausts what they leave),
-    or, ``partial``, of one whose rows (or probability()) are all there is within the bounds,
-    which cut some way short (``SearchStats.cut``)."""
+    or, ``stopped``, of one that a bound stopped with no row, where they had cut ways short (no
+    string may fit them), or, ``partial``, of one whose rows (or probability()) are all there is
+    within the bounds, which cut some way short (``SearchStats.cut``)."""
+    if stopped and not partial:
+        return f"note: no rows before the search stopped, and perhaps none within the bounds: {_causes(plan, causes)}"
     if not partial:
         return f"note: no rows: {_causes(plan, causes)}"
     what = "probability() measures" if isinstance(plan.traversal, Measure) else "the rows are"

@@ -111,6 +111,21 @@ def test_a_stopped_search_is_on_the_result(con):
     assert len(r.fetchall()) == 120 and r.stopped is None
 
 
+def test_a_search_stopped_with_no_row_names_the_bounds_that_had_cut_it_short(con):
+    """No string of 'x[a-z]{200}' fits in 2 completion tokens: the search gives up at
+    max_nodes_per_row, and the note says that max_tokens had cut ways on short, not only that
+    the search could go further (raising max_nodes_per_row never finds a row). A search that a
+    bound stops while every way on is within the bounds has no such note."""
+    s = fresh(con)
+    short = s.sql("SELECT text MATCHING 'x[a-z]{200}' PREFIX 'x' USING max_tokens 2, max_nodes_per_row 300")
+    assert short.fetchall() == [] and short.stopped.bound == "max_nodes_per_row"
+    assert short.notes == ["note: no rows before the search stopped, and perhaps none within the bounds: the "
+                           "completions reached max_tokens (2 tokens) where MATCHING goes on (raise it)",
+                           f"warning: {short.stopped.message()}"]
+    roomy = s.sql("SELECT text MATCHING 'x[a-z]{200}' PREFIX 'x' USING max_tokens 64, max_nodes_per_row 300")
+    assert roomy.fetchall() == [] and roomy.notes == [f"warning: {roomy.stopped.message()}"]
+
+
 def test_a_results_notes_are_what_it_wrote_on_stderr_and_its_own(con, capsys):
     """``Result.notes``: the notes and warnings a query wrote on stderr, line for line, each
     result its own even when two are read in turns; a dataset query's, once for all its rows."""

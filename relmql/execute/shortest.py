@@ -81,7 +81,8 @@ class SearchStats:
     how many of them were prefix nodes, rows released, the most bytes the search held in its
     queue and stored children (estimated before each model call), the ``Stop`` when a bound
     ended the search with the language not exhausted, and ``no_row``: why a search that ended with
-    no row found none (``NO_ROW``: the decoding rules kept none of the tokens the language allowed
+    no row found none (where a bound stopped it, what had cut ways short by then) (``NO_ROW``:
+    the decoding rules kept none of the tokens the language allowed
     next, or, under ``eos``, ruled out the end-of-text token where a string ended; a completion
     or a prefix reached ``max_tokens`` or ``max_prefix_tokens``, or the text the model's
     context length, where the language went on: ``prefix_context`` where no completion token had
@@ -204,14 +205,23 @@ class ShortestPathSearch:
                 stop = self.bound()
                 if stop is not None:
                     self.stats.stop = stop  # a budget, not an order: rows released so far are exact
+                    if not self.found:  # what had cut ways short may be why none was found (max_tokens 5
+                        self.stats.no_row = self.went_on(())  # of a language of 200-letter strings)
                     return
                 self.expand()
                 if self.stats.watch is not None:
                     self.stats.watch(self.stats, self.opts)
-        # the language is exhausted under the rules and bounds: say which cut a way on short (a
-        # state with an arc of the kind it could not take; BPE's rules may leave a canonical
-        # state that the byte automaton reads on from with none). With rows, the rules' cuts are
+        # the language is exhausted under the rules and bounds. With rows, the rules' cuts are
         # what was asked for
+        if self.found:
+            self.stats.cut = self.went_on(("rules", "eos"))
+        else:
+            self.stats.no_row = self.went_on(())
+
+    def went_on(self, asked) -> Tuple[str, ...]:
+        """The causes (``NO_ROW``, less those ``asked``) that cut a way on short: a state with an
+        arc of the kind it could not take (BPE's rules may leave a canonical state that the byte
+        automaton reads on from with none)."""
         arcs = self.automaton.arcs
 
         def completes(s: int) -> bool:
@@ -222,12 +232,7 @@ class ShortestPathSearch:
         goes_on = {"rules": completes, "eos": lambda s: True, "max_tokens": completes,
                    "max_prefix_tokens": lambda s: arcs(s).n_prefix > 0, "prefix_context": reads_on,
                    "context": reads_on}
-        asked = ("rules", "eos") if self.found else ()
-        causes = tuple(c for c in NO_ROW if c not in asked and any(goes_on[c](s) for s in self._cut[c]))
-        if self.found:
-            self.stats.cut = causes
-        else:
-            self.stats.no_row = causes
+        return tuple(c for c in NO_ROW if c not in asked and any(goes_on[c](s) for s in self._cut[c]))
 
     def fill(self, cancel: Optional[threading.Event] = None) -> Generator[Row, None, bool]:
         """Take entries from the queue until the batch is full: release the results nothing in the
