@@ -474,6 +474,8 @@ def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
     if measured is not None and plan.group_by and len(measured.prefix_keys) == len(plan.group_by):
         empty = {c: env for c, env in measured.classes.items() if c not in groups}
         groups.update((c, []) for c in empty)
+    if measured is not None and not groups:
+        say(_no_group_note(masses))
     for key in sorted(groups, key=_order):
         members = groups[key]
         if members:
@@ -483,6 +485,16 @@ def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
         else:
             genv = _EmptyEnv(measured)
         yield tuple(_eval(o.expr, genv, plan.source) for o in outputs)
+
+
+def _no_group_note(masses) -> str:
+    """The note of a probability() query whose GROUP BY needs a key of the completion and met no
+    string to read it from: its groups would all be 0, and an empty result reads as "nothing"."""
+    draws = sum(m.draws for m in masses if not m.exact)
+    why = (f"none of probability()'s {draws:,} draws was a string of the language" if draws else
+           "no string of the language has a nonzero probability within the rules and bounds")
+    return (f"note: no groups: {why}, so no group has a value to show (each would be 0); without GROUP BY "
+            f"the query gives the whole language's probability" + (" and its interval" if draws else ""))
 
 
 class _Held:

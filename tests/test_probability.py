@@ -417,6 +417,25 @@ def test_groups_of_an_estimate_share_its_draws(con):
     assert sum(p for _, p, _ in rows) == pytest.approx(total)
 
 
+def test_an_estimate_grouped_by_a_key_no_draw_reached_says_so(con):
+    """A GROUP BY key of the completion has no value where no draw was a string of the language
+    (P about 4e-10 on tiny-gpt2): the result has no group, and a note says why, rather than an
+    empty result that reads as "nothing there"; the same query ungrouped gives 0 and the note
+    is not there, nor where a draw lands."""
+    q = ("SELECT a, probability() MATCHING 'The (?P<a>cat|dog) (sat|ran|slept)' PREFIX 'The' "
+         "USING exact_limit 0, sampling exact, estimate_samples 200{group}")
+    grouped = con.sql(q.format(group=" GROUP BY a"))
+    assert grouped.fetchall() == []
+    assert grouped.notes == ["note: no groups: none of probability()'s 200 draws was a string of the language, so "
+                             "no group has a value to show (each would be 0); without GROUP BY the query gives the "
+                             "whole language's probability and its interval"]
+    whole = con.sql(q.format(group="").replace("SELECT a, ", "SELECT "))
+    assert whole.fetchall() == [(0.0,)] and whole.notes == []
+    hit = con.sql("SELECT group(1), probability() MATCHING 'The cat (sat|ran)' PREFIX 'The cat' USING seed 3 "
+                  "SAMPLE 50 GROUP BY 1")
+    assert len(hit.fetchall()) >= 1 and hit.notes == []
+
+
 # -- the language around it
 
 @pytest.mark.parametrize("query,words", [
