@@ -493,3 +493,17 @@ def test_tracker_walks_within_their_budget_answer_as_computed_afresh(smol_vocab)
     finally:
         tracker.walks.clear()
         tracker.walk_bytes, tracker.walk_budget = 0, budget
+
+
+def test_a_prefix_that_ends_with_a_space_is_warned_about(gpt2_vocab, smol_vocab, gemma_vocab):
+    """These vocabularies' words carry the space before them: a PREFIX that ends with one leaves
+    the completion to begin with a token the model seldom reads there (SmolLM2: 'Paris' after
+    'The capital of France is ' against ' Paris' after the prompt without it), whatever the
+    tokenization; the compile warns. No warning where the space begins the completion, nor
+    where the prefix is all there is."""
+    for vocab in (gpt2_vocab, smol_vocab, gemma_vocab):
+        for options in (CANON, CompileOptions(tokenization="all")):
+            spaced = compile("The capital of France is Paris", vocab, "The capital of France is ", options)
+            assert [w for w in spaced.warnings if w.startswith("PREFIX ends with a space")], vocab
+            assert not compile("The capital of France is Paris", vocab, "The capital of France is", options).warnings
+        assert not compile("The capital ", vocab, "The capital ", CANON).warnings

@@ -58,7 +58,20 @@ def check_options(matching, prefix, options: CompileOptions) -> CompileOptions:
 def _compile(matching: str, vocabulary: Vocabulary, prefix: Optional[str], options: CompileOptions) -> TokenAutomaton:
     spec = LanguageSpec(matching, prefix, options.edits, options.edit_scope, options.edit_alphabet,
                         tuple(options.exclude), options.max_states)
-    return TokenAutomaton(compile_language(spec), vocabulary, options.tokenization, options.prefix_tokenization)
+    automaton = TokenAutomaton(compile_language(spec), vocabulary, options.tokenization, options.prefix_tokenization)
+    if prefix is not None and prefix.endswith(" ") and len(matching) > len(prefix) and _spaced_words(vocabulary):
+        automaton.warnings.append(
+            "PREFIX ends with a space, which this model's tokens carry before a word (' July', not 'July'): "
+            "what follows it starts with a token the model seldom reads there, so its probability is far "
+            "lower than it would be after a prompt without the space; end PREFIX before the space (it then "
+            "begins the completion)")
+    return automaton
+
+
+def _spaced_words(vocabulary: Vocabulary) -> bool:
+    """Whether the vocabulary's words carry the space before them (byte-level BPE's ' the',
+    SentencePiece's '▁the'), as most do."""
+    return any(t is not None and len(t) > 3 and t[0] == 0x20 and t[1:].isalpha() for t in vocabulary.tokens[:2000])
 
 
 __all__ = ["compile", "CompileOptions", "TokenAutomaton", "Arcs", "Language", "LanguageSpec", "ByteDFA",
