@@ -9,6 +9,7 @@ baseline's alternately, each search in a process of its own.
 
     python -m benchmarks.executor_bench [--baseline 0cd00b1] [--json out.json]
     python -m benchmarks.executor_bench --stub-only --baseline HEAD~3 --runs 9
+    python -m benchmarks.executor_bench --query "long PREFIX, max_memory 64MiB" --baseline HEAD~1
 
 This file is also the worker: ``python benchmarks/executor_bench.py --worker NAME`` with the
 relmql to measure first on PYTHONPATH (it imports nothing else of this repository).
@@ -42,6 +43,21 @@ LAMBADA_SQL = ("SELECT :row_number AS row, last_word(:text) AS answer, group(1) 
                "PREFIX escape(drop_last_word(:text)) "
                "USING topk 1000, tokenization all, prefix_tokenization canonical, {extra}max_nodes 2000 "
                "LIMIT 1 FOR EACH ROW IN '" + LAMBADA + "' WHERE :row_number <> 183 LIMIT {n}")
+
+
+def _long_prefix_sql(passages: int = 15, memory: str = "64MiB") -> str:
+    """A 1,222-token PREFIX (the first LAMBADA passages, one after another) and a two-word
+    completion, under a max_memory whose share for keys and values (half) cannot hold the
+    prompt's (46 KB a token on SmolLM2): every call finds it evicted."""
+    path = ROOT / LAMBADA
+    if not path.exists():
+        return ""
+    with open(path, encoding="utf-8") as f:
+        text = " ".join(json.loads(next(f))["text"] for _ in range(passages)).replace("'", "''")
+    return (f"SELECT text, prob MATCHING escape('{text}') || '[.,]? [a-zA-Z]{{1,8}} [a-zA-Z]{{1,8}}' "
+            f"PREFIX escape('{text}') USING topk 40, max_memory '{memory}', max_prefix_tokens 4000 LIMIT 10")
+
+
 # name -> (statement, seconds after which the worker stops waiting)
 QUERIES = {
     "toxicity, default order": (TOXIC.format(order=""), 90),
@@ -50,6 +66,8 @@ QUERIES = {
     "phone, all tokenizations": (PHONE.format(tok="all"), 180),
     "LAMBADA line break, 10 passages": (LAMBADA_SQL.format(tail="\\n", extra="", n=10), 300),
     "LAMBADA end of text, 2 passages": (LAMBADA_SQL.format(tail="", extra="eos, ", n=2), 240),
+    "long PREFIX, max_memory 64MiB": (_long_prefix_sql(), 900),
+    "long PREFIX, max_memory 2GiB": (_long_prefix_sql(memory="2GiB"), 120),
 }
 
 
@@ -76,7 +94,7 @@ def worker(name: str) -> Dict:
         cut = True
     timer.cancel()
     wall = time.perf_counter() - t0
-    stop = getattr(result, "stopped", None)
+    stop = None if cut else getattr(result, "stopped", None)  # a cancelled result raises again when read
     return {"first": first, "wall": wall, "rows": rows, "forward": model.stats.seconds - f0, "cut": cut,
             "stop": str(stop) if stop else None, "attention": getattr(model, "attention", None)}
 
@@ -101,13 +119,16 @@ def _extract(revision: str, into: Path) -> None:
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
 
 
-def versus(baseline: str = BASELINE) -> Dict:
-    """Every query with this checkout's relmql and with the baseline's, alternately."""
+def versus(baseline: str = BASELINE, names: List[str] = None) -> Dict:
+    """Every query (or those ``names``) with this checkout's relmql and with the baseline's,
+    alternately."""
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         _extract(baseline, base)
         for name, (_, budget) in QUERIES.items():
+            if names and name not in names:
+                continue
             now = _run_worker(name, ROOT, budget)
             before = _run_worker(name, base, budget)
             out[name] = {"now": now, "before": before}
@@ -238,7 +259,8 @@ def tables(res: Dict) -> str:
     v = res["versus"]
     lines = [f"SmolLM2-135M on cpu (float32), each query as written (no batch_size: `{v['baseline']}` expands 32 "
              "nodes a call, this checkout 32 growing to 128 while rows are far apart); each query in its own "
-             f"process, this checkout's executor and that of `{v['baseline']}` (before issue 17) alternately.", "",
+             f"process, this checkout's executor and that of `{v['baseline']}`"
+             f"{' (before issue 17)' if v['baseline'] == BASELINE else ''} alternately.", "",
              "| query | rows | first row, before | first row, now | wall, before | wall, now | "
              "outside the forward passes, now | same rows |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
@@ -254,7 +276,8 @@ def tables(res: Dict) -> str:
         lines.append(f"| {name} | {len(now['rows'])} | {first_b} | {_secs(now['first'])} | "
                      f"{before['wall']:.1f} s{' (cut)' if before['cut'] else ''} | {now['wall']:.1f} s | {over} | "
                      f"{same} |")
-    lines += stub_table(res["stub"], res.get("stub_before", {}), v["baseline"])
+    if res["stub"]:
+        lines += stub_table(res["stub"], res.get("stub_before", {}), v["baseline"])
     return "\n".join(lines)
 
 
@@ -290,6 +313,8 @@ def main(argv: List[str] = None) -> None:
     p.add_argument("--runs", type=int, default=3, help="searches of each executor per configuration (--stub-only)")
     p.add_argument("--baseline", default=BASELINE, help="the git revision to compare with")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--query", action="append", choices=list(QUERIES),
+                   help="only this query (repeatable), against --baseline; no stub")
     args = p.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args.worker)))
@@ -303,6 +328,12 @@ def main(argv: List[str] = None) -> None:
         if args.json:
             Path(args.json).write_text(json.dumps(both, indent=1))
         print("\n".join(stub_table(both["now"], both["before"], args.baseline)))
+        return
+    if args.query:
+        res = {"versus": versus(args.baseline, args.query), "stub": {}}
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=1))
+        print(tables(res))
         return
     res = run(args.baseline)
     if args.json:
