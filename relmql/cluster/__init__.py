@@ -243,7 +243,7 @@ class Statement:
                 partial = unit.received > 0 or unit.mass is not None
                 empty.append((unit.plan, unit.no_row, partial))
                 if not dataset:
-                    say(no_row_note(unit.plan, unit.no_row, partial))
+                    say(no_row_note(unit.plan, unit.no_row, partial, stopped=unit.stop is not None))
             if progress is not None and dataset:
                 progress(1)
         if stopped and dataset:
