@@ -234,16 +234,16 @@ class Statement:
                 raise unit.error
             if dataset and unit.received == 0 and unit.mass is None:
                 yield RowEnv(unit.plan, None, None, regex)  # the row still counts, as in-process
+            if unit.no_row:  # the note before the stop's warning, as in process
+                partial = unit.received > 0 or unit.mass is not None
+                empty.append((unit.plan, unit.no_row, partial))
+                if not dataset:
+                    say(no_row_note(unit.plan, unit.no_row, partial, stopped=unit.stop is not None))
             if unit.stop is not None:
                 stopped.append(unit.stop)
                 stops.append(unit.stop)
                 if not dataset:
                     say(stop_warning(unit.stop))
-            if unit.no_row:
-                partial = unit.received > 0 or unit.mass is not None
-                empty.append((unit.plan, unit.no_row, partial))
-                if not dataset:
-                    say(no_row_note(unit.plan, unit.no_row, partial, stopped=unit.stop is not None))
             if progress is not None and dataset:
                 progress(1)
         if stopped and dataset:
