@@ -324,6 +324,7 @@ class Connection:
         self.models = ModelCache()  # the models loaded so far
         self._cluster = None
         self._cluster_key: Optional[tuple] = None  # the settings it was started with
+        self._told: set = set()  # the approximate-numbers notes already given (once a session each)
         self.closed = False
         given = dict(options, engine=engine, model=model, device=device, dtype=dtype, seed=seed)  # engine first:
         # whether a GPU device must be on this machine depends on it
@@ -446,7 +447,7 @@ class Connection:
         remote = self.cluster().statement(p) if self.settings["engine"] == "ray" else None
 
         def rows(result: Result) -> Iterator[tuple]:
-            from .engine import keeping, load, run
+            from .engine import keeping, load, run, say
             from .models.device import approximate
             self._check_open()
             if isinstance(p, QueryPlan) and remote is None:
@@ -462,6 +463,9 @@ class Connection:
             steps = run(p, self.model, result.cancelled, bar.update, bar.total,
                         rows=remote.rows if remote is not None else None, stops=result.stops, on_note=bar.note)
             own = keeping(result.notes, _Progress)  # each step keeps its notes in this result's list
+            if result.approximate is not None and result.approximate not in self._told:
+                self._told.add(result.approximate)  # a reduced dtype's numbers, said with the first rows
+                own.run(say, f"note: the numbers are {result.approximate}")
             try:
                 while True:
                     row = own.run(next, steps, None)

@@ -283,6 +283,22 @@ def test_set_takes_a_bare_word_as_from_takes_a_model_name(con):
     assert session.settings["topk"] is None and session.settings["model"] == OPTIONS["model"].default
 
 
+def test_approximate_numbers_are_said_with_the_first_rows(con):
+    """A reduced dtype's numbers are approximate: the first query of a session that reads them
+    says so on standard error (and in its notes), once; float32's exact numbers say nothing."""
+    half = relmql.connect(model="tiny-gpt2", dtype="bfloat16")
+    try:
+        first = half.sql("SELECT text, prob MATCHING 'The (cat|dog)' PREFIX 'The'")
+        assert len(first.fetchall()) == 2 and first.approximate.startswith("approximate: the model computes in bfloat16")
+        assert first.notes == [f"note: the numbers are {first.approximate}"]
+        again = half.sql("SELECT text, prob MATCHING 'The (cat|dog)' PREFIX 'The'")
+        assert len(again.fetchall()) == 2 and again.notes == []
+    finally:
+        half.close()
+    exact = fresh(con).sql("SELECT text, prob MATCHING 'The (cat|dog)' PREFIX 'The'")
+    assert len(exact.fetchall()) == 2 and exact.approximate is None and exact.notes == []
+
+
 def test_connect_takes_options_as_keywords(con):
     session = fresh(con, topk=30000, seed=3)
     assert "topk 30000;" in session.sql(SMALL).explain()
