@@ -81,8 +81,8 @@ class SearchStats:
     how many of them were prefix nodes, rows released, the most bytes the search held in its
     queue and stored children (estimated before each model call), the ``Stop`` when a bound
     ended the search with the language not exhausted, and ``no_row``: why a search that ended with
-    no row found none (where a bound stopped it, what had cut ways short by then) (``NO_ROW``:
-    the decoding rules kept none of the tokens the language allowed
+    no row found none, or, where a bound stopped it first, what had cut ways short by then
+    (``NO_ROW``: the decoding rules kept none of the tokens the language allowed
     next, or, under ``eos``, ruled out the end-of-text token where a string ended; a completion
     or a prefix reached ``max_tokens`` or ``max_prefix_tokens``, or the text the model's
     context length, where the language went on: ``prefix_context`` where no completion token had

@@ -250,17 +250,14 @@ class TransformersModel(LanguageModel):
                 raise ValueError("extend needs at least one new token for an existing state")
             chain = st.cache.chain() if st.cache is not None else None
             gone = [b for b in chain if b.kv is None] if chain is not None else None
-            if gone and self.tree_attention:
-                # evicted blocks are read again once for the whole call, in place (below)
-                for b in gone:
-                    lost.setdefault(id(b), (b, st.tokens[b.length - b.n:b.length]))
-                seqs.append((st.tokens, chain, new, 0))
-            elif chain is None or gone:
+            if chain is None or (gone and not self.tree_attention):
                 # evicted: read everything again (the first new token's probability is known)
                 self.stats.recomputed += len(st.tokens)
                 seqs.append(((), None, list(st.tokens) + new, len(st.tokens)))
-            else:
-                seqs.append((st.tokens, chain, new, 0))
+                continue
+            for b in gone:  # evicted blocks are read again once for the whole call, in place (_restore)
+                lost.setdefault(id(b), (b, st.tokens[b.length - b.n:b.length]))
+            seqs.append((st.tokens, chain, new, 0))
         longest = max((len(past) + len(new) for past, _, new, _ in seqs), default=0)
         if self.max_length is not None and longest > self.max_length:
             raise self.context_error(longest)
