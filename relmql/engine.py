@@ -202,7 +202,7 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
     """The result rows of one query that pass its WHERE, up to its LIMIT. A search that a bound
     stopped (``Stop``) is warned about on stderr, or appended to ``stopped`` when given; one that
     found no row because the decoding rules or the token bounds cut it short is noted on stderr
-    (``no_row_note``), or ``(plan, causes, False)`` appended to ``no_row`` when given; one that
+    (``no_row_note``), or ``(plan, causes, False, fewest)`` appended to ``no_row`` when given; one that
     exhausted its language within bounds that cut it short, or probability() measured within
     them, likewise with True (``SearchStats.cut``). A query that
     measures its language (probability()) appends how to ``masses`` and tells ``on_total`` how
@@ -267,9 +267,9 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
         causes = tuple(c for c in causes if c not in ("rules", "eos"))
     if causes:
         if no_row is not None:
-            no_row.append((plan, causes, partial))
+            no_row.append((plan, causes, partial, stats.fewest))
         else:
-            say(no_row_note(plan, causes, partial, stopped=stats.stop is not None))
+            say(no_row_note(plan, causes, partial, stopped=stats.stop is not None, fewest=stats.fewest))
 
 
 REREAD_NOTE = 1024  # tokens read again for want of room for their keys and values, past which a query says so
@@ -319,8 +319,9 @@ def stop_warning(stop: Stop) -> str:
     return f"warning: {stop.message()}"
 
 
-def _causes(plan: QueryPlan, causes, short: bool = False) -> str:
-    """Why a search found no row, in words, with what to change."""
+def _causes(plan: QueryPlan, causes, short: bool = False, fewest: Optional[int] = None) -> str:
+    """Why a search found no row, in words, with what to change (``fewest``: the tokens each
+    string takes at least, where none fits in max_tokens: ``SearchStats.fewest``)."""
     words = []
     rules = plan.decoding.truncation()  # "topk 40 and topp 0.9", the rules that cut
     it = "them" if " and " in rules else "it"
@@ -331,7 +332,11 @@ def _causes(plan: QueryPlan, causes, short: bool = False) -> str:
     if "eos" in causes:
         words.append(f"{rules} ruled out the end-of-text token where strings of MATCHING ended, and eos needs it "
                      f"there (raise or drop {it}, or drop eos)")
-    if "max_tokens" in causes:
+    if "max_tokens" in causes and fewest is not None:
+        words.append(f"each string of MATCHING takes at least {_tokens(fewest)}"
+                     f"{' after PREFIX' if plan.prefix else ''}, and max_tokens is {plan.traversal.max_tokens:,} "
+                     f"(raise it)")
+    elif "max_tokens" in causes:
         words.append(f"the completions reached max_tokens ({_tokens(plan.traversal.max_tokens)}) where MATCHING "
                      f"goes on (raise it)")
     if "max_prefix_tokens" in causes:
@@ -350,26 +355,27 @@ def _tokens(n: int) -> str:
     return f"{n:,} token{'' if n == 1 else 's'}"
 
 
-def no_row_note(plan: QueryPlan, causes, partial: bool = False, stopped: bool = False) -> str:
+def no_row_note(plan: QueryPlan, causes, partial: bool = False, stopped: bool = False,
+                fewest: Optional[int] = None) -> str:
     """The note of a query with no row because the decoding rules or the token bounds cut every
     way to a string short (``SearchStats.no_row``: the search always exhausts what they leave),
     or, ``stopped``, of one that a bound stopped with no row, where they had cut ways short (no
     string may fit them), or, ``partial``, of one whose rows (or probability()) are all there is
-    within the bounds, which cut some way short (``SearchStats.cut``)."""
+    within the bounds, which cut some way short (``SearchStats.cut``); ``fewest`` as ``_causes``."""
     if stopped and not partial:
         return f"note: no rows before the search stopped, and perhaps none within the bounds: {_causes(plan, causes)}"
     if not partial:
-        return f"note: no rows: {_causes(plan, causes)}"
+        return f"note: no rows: {_causes(plan, causes, fewest=fewest)}"
     what = "probability() measures" if isinstance(plan.traversal, Measure) else "the rows are"
-    return f"note: {what} only the strings within the bounds: {_causes(plan, causes)}"
+    return f"note: {what} only the strings within the bounds: {_causes(plan, causes, fewest=fewest)}"
 
 
-def no_row_rows_note(items: List[Tuple[QueryPlan, Tuple[str, ...], bool]], rows: int) -> str:
+def no_row_rows_note(items: List[Tuple[QueryPlan, Tuple[str, ...], bool, Optional[int]]], rows: int) -> str:
     """The note of a dataset query some of whose ``rows`` data rows have no row, or fewer than
     their language holds, for those reasons (``no_row_note``)."""
     parts = []
     for partial, words in ((False, "have no rows"), (True, "were cut short")):
-        mine = [(plan, cs) for plan, cs, p in items if p == partial]
+        mine = [(plan, cs) for plan, cs, p, _ in items if p == partial]
         if mine:
             causes = tuple(c for c in NO_ROW if any(c in cs for _, cs in mine))
             parts.append(f"{len(mine):,} of {rows:,} data rows {words}: {_causes(mine[0][0], causes, short=True)}")
@@ -688,7 +694,7 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total,
     if on_total is not None:
         on_total(total)
     before_stops = len(stopped)
-    empty: List[Tuple[QueryPlan, Tuple[str, ...]]] = []
+    empty: List[Tuple[QueryPlan, Tuple[str, ...], bool, Optional[int]]] = []
     for data in selected_rows(plan):
         if cancel is not None and cancel.is_set():
             raise Cancelled("the query was cancelled")

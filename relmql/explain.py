@@ -63,7 +63,10 @@ def _lines(plan: QueryPlan, automaton: TokenAutomaton, model: LanguageModel, dat
         add("traversal", f"probability(): {exact}estimated from {t.samples:,} independent {how} (seed {t.seed}), "
                          f"{t.confidence:.0%} intervals; at most {t.max_tokens} completion tokens")
         n = token_sequences(automaton, t)
-        add("measure", f"exact: {n:,} token sequences" if n is not None else
+        need = automaton.too_long(t.max_tokens) if n == 0 else None
+        add("measure", f"exact: {n:,} token sequences" + (
+            f" (each string takes at least {need:,} completion tokens, and max_tokens is {t.max_tokens:,})"
+            if need else "") if n is not None else
             f"estimate: more than {t.exact_limit:,} token sequences" if t.exact_limit else "estimate")
         if plan.prefix:
             n = automaton.count_paths(automaton.start, t.max_prefix_tokens, prefix_only=True)
@@ -89,6 +92,10 @@ def _lines(plan: QueryPlan, automaton: TokenAutomaton, model: LanguageModel, dat
         bounds += [f"its share of max_memory ({format_size(shares(t.max_memory).traversal)} of "
                    f"{format_size(t.max_memory)})"]
         add("bounds", "the search stops, keeping the rows found, at " + ", ".join(bounds))
+    if not isinstance(t, Measure) and (need := automaton.too_long(t.max_tokens)):
+        add("length", f"no string fits: each takes at least {need:,} completion tokens, and max_tokens is "
+                      f"{t.max_tokens:,} (" + ("SAMPLE refuses to draw)" if isinstance(t, Sample) else
+                                                "the search gives no rows, at once)"))
     rules = plan.decoding.describe()
     add("decoding", ", ".join(rules) + "; prefix tokens at the model's own probability" if rules
         else "the model's distribution (no top-k, top-p or temperature)")

@@ -112,18 +112,49 @@ def test_a_stopped_search_is_on_the_result(con):
 
 
 def test_a_search_stopped_with_no_row_names_the_bounds_that_had_cut_it_short(con):
-    """No string of 'x[a-z]{200}' fits in 2 completion tokens: the search gives up at
+    """Of 'x([a-z]{200}|~{32})' only the 32 tildes fit in 2 completion tokens (two of GPT-2's
+    16-tilde tokens), behind thousands of likelier letters: the search gives up at
     max_nodes_per_row, and the note says that max_tokens had cut ways on short, not only that
-    the search could go further (raising max_nodes_per_row never finds a row). A search that a
-    bound stops while every way on is within the bounds has no such note."""
+    the search could go further. A search that a bound stops while every way on is within the
+    bounds has no such note."""
     s = fresh(con)
-    short = s.sql("SELECT text MATCHING 'x[a-z]{200}' PREFIX 'x' USING max_tokens 2, max_nodes_per_row 300")
+    short = s.sql("SELECT text MATCHING 'x([a-z]{200}|~{32})' PREFIX 'x' USING max_tokens 2, max_nodes_per_row 300")
     assert short.fetchall() == [] and short.stopped.bound == "max_nodes_per_row"
     assert short.notes == ["note: no rows before the search stopped, and perhaps none within the bounds: the "
                            "completions reached max_tokens (2 tokens) where MATCHING goes on (raise it)",
                            f"warning: {short.stopped.message()}"]
     roomy = s.sql("SELECT text MATCHING 'x[a-z]{200}' PREFIX 'x' USING max_tokens 64, max_nodes_per_row 300")
     assert roomy.fetchall() == [] and roomy.notes == [f"warning: {roomy.stopped.message()}"]
+
+
+def test_a_language_that_cannot_fit_in_max_tokens_is_told_at_once(con, tiny):
+    """Each string of 'x[a-z]{200}' takes at least 7 GPT-2 tokens after 'x' (its canonical
+    encodings take more): with max_tokens 2 a ranking query has no rows and says why without a
+    model call (before, it searched until max_nodes_per_row); probability() is exactly 0 with
+    the same words; SAMPLE is an error naming max_tokens; EXPLAIN shows it. With room for the
+    strings, the search runs as before."""
+    s = fresh(con)
+    text = "x" + "ab" * 100
+    assert len(tiny.vocabulary.encode(text[1:])) >= 7 and re.fullmatch("x[a-z]{200}", text)
+    said = "each string of MATCHING takes at least 7 tokens after PREFIX, and max_tokens is 2 (raise it)"
+    read = tiny.stats.tokens
+    r = s.sql("SELECT text MATCHING 'x[a-z]{200}' PREFIX 'x' USING max_tokens 2")
+    assert r.fetchall() == [] and r.notes == [f"note: no rows: {said}"] and r.stopped is None
+    assert tiny.stats.tokens == read  # no model call
+    p = s.sql("SELECT probability() MATCHING 'x[a-z]{200}' PREFIX 'x' USING max_tokens 2")
+    assert p.fetchall() == [(0.0,)]
+    assert p.notes == [f"note: probability() measures only the strings within the bounds: {said}"]
+    with pytest.raises(relmql.Error, match="sampling cannot draw a string: each string of the language takes at "
+                                           "least 7 tokens, and max_tokens is 2") as e:
+        s.sql("SELECT text MATCHING 'x[a-z]{200}' PREFIX 'x' USING max_tokens 2 SAMPLE 3").fetchall()
+    assert e.value.hint == "raise max_tokens to 7 or more"
+    plan = dict(line.split(None, 1) for (line,) in
+                s.sql("EXPLAIN SELECT text MATCHING 'x[a-z]{200}' PREFIX 'x' USING max_tokens 2").fetchall())
+    assert plan["length"] == ("no string fits: each takes at least 7 completion tokens, and max_tokens is 2 "
+                              "(the search gives no rows, at once)")
+    fits = s.sql("SELECT text MATCHING 'x(ab|cd)' PREFIX 'x' USING max_tokens 2")
+    assert sorted(t for (t,) in fits.fetchall()) == ["xab", "xcd"] and fits.notes == []
+    assert tiny.stats.tokens > read
 
 
 def test_a_results_notes_are_what_it_wrote_on_stderr_and_its_own(con, capsys):
@@ -136,7 +167,7 @@ def test_a_results_notes_are_what_it_wrote_on_stderr_and_its_own(con, capsys):
     assert next(iter(full)) and stopped.fetchall() == [] and empty.fetchall() == [] and len(full.fetchall()) == 120
     err = capsys.readouterr().err.splitlines()
     assert stopped.notes == [f"warning: {stopped.stopped.message()}"] and stopped.notes[0] in err
-    assert empty.notes == ["note: no rows: the completions reached max_tokens (1 token) where MATCHING goes on "
+    assert empty.notes == ["note: no rows: each string of MATCHING takes at least 2 tokens, and max_tokens is 1 "
                            "(raise it)"] and empty.notes[0] in err
     assert full.notes == [] and len(err) == 2
     # EXPLAIN compiles the query: the compiler's warning is on its result
@@ -306,7 +337,8 @@ def test_aggregates_hold_their_rows_within_the_share_of_max_memory(con, monkeypa
 
 
 def test_a_sampler_whose_draws_are_all_cut_at_max_tokens_gives_up_at_once(tiny, con):
-    """Every string of a( a){10} takes 11 tokens; with max_tokens 4 each draw is cut and thrown
+    """'zivg' takes 3 GPT-2 tokens canonically (z iv g; two spell it otherwise, so it is drawn);
+    with max_tokens 2 each draw is cut and thrown
     away. The sampler gives up after its first TOO_LONG draws, naming max_tokens, instead of
     spending its whole budget (1,000 draws a sample) the same way; the progress note counts the
     draws cut there. Once any sample has ended the rule no longer applies: with a prefix of b
@@ -316,15 +348,16 @@ def test_a_sampler_whose_draws_are_all_cut_at_max_tokens_gives_up_at_once(tiny, 
     from relmql.records import ExecutionError
     from relmql.execute.sampling import TOO_LONG
     from relmql.engine import draws_note
-    ta = compile("a( a){10}", tiny.vocabulary)
+    ta = compile("zivg", tiny.vocabulary)
+    assert len(tiny.vocabulary.encode("zivg")) == 3 and ta.too_long(2) is None
     stats = SampleStats()
     with pytest.raises(ExecutionError, match=f"its first {TOO_LONG} draws were all cut at max_tokens") as got:
-        list(execute(ta, tiny, Sample(n=1, seed=2, max_tokens=4), stats=stats))
+        list(execute(ta, tiny, Sample(n=1, seed=2, max_tokens=2), stats=stats))
     assert "raise max_tokens" in got.value.hint
     assert stats.draws == stats.discarded == stats.too_long == TOO_LONG < Sample(n=1).draw_budget
-    assert f"{TOO_LONG} dead ends ({TOO_LONG} cut at max_tokens 4)" in draws_note(stats, Sample(n=1, max_tokens=4))
+    assert f"{TOO_LONG} dead ends ({TOO_LONG} cut at max_tokens 2)" in draws_note(stats, Sample(n=1, max_tokens=2))
     with pytest.raises(relmql.Error, match="cut at max_tokens") as got:
-        fresh(con).sql("SELECT text MATCHING 'a( a){10}' USING max_tokens 4 SAMPLE 1").fetchall()
+        fresh(con).sql("SELECT text MATCHING 'zivg' USING max_tokens 2 SAMPLE 1").fetchall()
     assert got.value.kind == "execution error"
     # some samples end: no give-up, however many draws are cut
     ta = compile("b|c( a){10}", tiny.vocabulary, "b|c")

@@ -151,3 +151,64 @@ def test_exclusions_accept_a_list_or_one_pattern(gpt2_vocab):
     assert {gpt2_vocab.decode(t) for t, _ in enumerate_paths(one)} == {"a", "b", "c"}
     with pytest.raises(CompileError, match="MATCHING"):
         compile(None, gpt2_vocab)
+
+
+@pytest.mark.parametrize("vocab_name", ["gpt2_vocab", "smol_vocab", "gemma_vocab"])
+def test_fewest_tokens_is_the_shortest_tokenization_and_bounds_the_canonical_one(request, vocab_name):
+    """``fewest_tokens`` (which lets a query with no string that fits in max_tokens say so at
+    once): under all tokenizations, the fewest completion tokens of any accepted token path,
+    found by a breadth-first walk of its arcs; under canonical tokenization, at most that fewest. ``most``
+    caps it at ``most + 1``, and a budget too small to finish gives the depth it reached, never
+    more than the true value."""
+    from collections import deque
+
+    def shortest(ta) -> int:
+        """The fewest completion tokens of an accepted path: 0-1 breadth first over the token
+        automaton's own arcs (a prefix token costs 0)."""
+        best = {ta.start: 0}
+        todo = deque([ta.start])
+        while todo:
+            s = todo.popleft()
+            arcs = ta.arcs(s)
+            for t, pre in zip(arcs.targets.tolist(), arcs.prefix.tolist()):
+                d = best[s] + (not pre)
+                if d < best.get(t, d + 1):
+                    best[t] = d
+                    todo.appendleft(t) if pre else todo.append(t)
+        return min(d for s, d in best.items() if ta.is_final(s))
+
+    vocab = request.getfixturevalue(vocab_name)
+    cases = [("x(ab|cd){2,3}", None), ("The (cat|dog) sat on the (mat|hat)", "The"),
+             ("Hello, wörld[0-9]{2}!", "Hello,"), ("(~{16}|q{3})z", None), ("a(ardvark){2}", "a"),
+             ("([a-c]{2} ){2}", None)]
+    for pattern, prefix in cases:
+        fewest = {}
+        for mode in ("all", "canonical"):
+            ta = compile(pattern, vocab, prefix, CompileOptions(tokenization=mode, prefix_tokenization=mode))
+            fewest[mode] = shortest(ta)
+            got = ta.fewest_tokens(64)
+            if mode == "all":
+                assert got == fewest["all"], (pattern, got, fewest)
+            assert got <= fewest[mode], (pattern, mode, got, fewest)
+            if got:
+                assert ta.fewest_tokens(got - 1) == got  # none in got - 1: most + 1
+            if got > 1:
+                assert ta.fewest_tokens(64, budget=1) <= got
+        assert fewest["all"] <= fewest["canonical"]
+
+
+def test_a_language_too_long_for_max_tokens_is_known_at_once(gpt2_vocab):
+    """200 letters take at least 7 GPT-2 tokens (its longest letter tokens have 15 or so
+    letters): ``too_long`` tells a max_tokens they cannot fit in, checked against the canonical
+    encodings of a few of the strings, and None where the bound does not rule the strings out."""
+    ta = compile("x[a-z]{200}", gpt2_vocab, "x")
+    need = ta.too_long(2)
+    assert need is not None and need > 2
+    rng = random.Random(3)
+    for _ in range(20):
+        text = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(200))
+        assert len(gpt2_vocab.encode(text)) >= need
+    assert len(gpt2_vocab.encode("ab" * 100)) >= need
+    longest = max(len(t) for t in gpt2_vocab.tokens if t and t.isalpha() and t.islower())
+    assert need >= -(-200 // longest)
+    assert ta.too_long(need) is None and ta.too_long(64) is None

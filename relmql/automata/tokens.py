@@ -34,6 +34,7 @@ from .trie import VocabTrie, trie_for
 CACHE_BYTES = 256 * 2 ** 20  # cached transitions per automaton until a query sets its share of max_memory
 ALIVE_DEPTH = 16  # tokens looked ahead for a way on where BPE's pair rule could block the next token
 ALIVE_STEPS = 4096  # states one such look-ahead steps into at most
+FEWEST_STATES = 4096  # byte states read at most to bound a language's fewest tokens (fewest_tokens)
 DENSE_LOOKUP = 64  # kept tokens of one byte state in a batch past which their arcs are read from a
 #                    vocabulary-wide array of targets (TokenAutomaton._dfa_targets), not searched for
 
@@ -129,6 +130,7 @@ class TokenAutomaton:
         self._alive_left = 0
         self._bounds: Dict[int, Tuple[int, int]] = {}
         self._counts: Dict[Tuple[int, int, int], int] = {}
+        self._too_long: Dict[int, Optional[int]] = {}  # max_tokens -> too_long(max_tokens)
 
     def set_cache_budget(self, nbytes: int) -> None:
         """Keep at most about ``nbytes`` of cached transitions (least recently used are dropped
@@ -828,6 +830,46 @@ class TokenAutomaton:
                 return None
             frontier = nxt
         return total
+
+    def fewest_tokens(self, most: int, budget: int = FEWEST_STATES) -> int:
+        """A lower bound on the completion tokens of every string: the fewest with which any
+        sequence of steps spells one, a step being a token of the vocabulary, a single byte (byte
+        fallback) or an added token (every tokenization counts, so the canonical one takes at
+        least as many), from any place the prefix may end, whatever its length. Breadth first over
+        the byte automaton; where ``most`` tokens or ``budget`` byte states are reached first, the
+        depth it got to (at most ``most + 1``)."""
+        delta, dead, final = self.delta, self.dead, self.dfa.final
+        frontier = np.unique(delta[np.flatnonzero(self.phase[:dead] == 0), SPLIT_COL])
+        frontier = frontier[frontier != dead]
+        seen = np.zeros(len(delta), bool)
+        seen[frontier] = True
+        read = 0
+        for depth in range(most + 1):
+            if (final[frontier] >= 0).any():
+                return depth
+            read += len(frontier)
+            if depth == most or read > budget:
+                return depth + 1
+            if not len(frontier):  # no string at all
+                return most + 1
+            steps = [delta[frontier, :256].ravel()]
+            for q in frontier.tolist():
+                steps.append(self._dfa_arcs(q)[1])
+                if self.tags is not None:
+                    steps.append(self._tag_step(q, 1)[1])
+            frontier = np.unique(np.concatenate(steps))
+            frontier = frontier[(frontier != dead) & ~seen[frontier]]
+            seen[frontier] = True
+        return most + 1
+
+    def too_long(self, max_tokens: int) -> Optional[int]:
+        """Where no string can be spelt in ``max_tokens`` completion tokens, a lower bound on the
+        tokens each takes (``fewest_tokens``, looked for up to twice as deep); else None."""
+        got = self._too_long.get(max_tokens, ())
+        if got == ():
+            need = self.fewest_tokens(max(2 * max_tokens, max_tokens + 16))
+            got = self._too_long[max_tokens] = need if need > max_tokens else None
+        return got
 
     def _ends_here(self, state: int, prefix_only: bool) -> int:
         """1 where a counted path may end at ``state`` (with ``prefix_only``: the prefix may end

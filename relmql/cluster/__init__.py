@@ -236,9 +236,10 @@ class Statement:
                 yield RowEnv(unit.plan, None, None, regex)  # the row still counts, as in-process
             if unit.no_row:  # the note before the stop's warning, as in process
                 partial = unit.received > 0 or unit.mass is not None
-                empty.append((unit.plan, unit.no_row, partial))
+                empty.append((unit.plan, unit.no_row, partial, unit.fewest))
                 if not dataset:
-                    say(no_row_note(unit.plan, unit.no_row, partial, stopped=unit.stop is not None))
+                    say(no_row_note(unit.plan, unit.no_row, partial, stopped=unit.stop is not None,
+                                    fewest=unit.fewest))
             if unit.stop is not None:
                 stopped.append(unit.stop)
                 stops.append(unit.stop)

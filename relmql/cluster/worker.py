@@ -34,7 +34,8 @@ class Piece:
     plan's language was measured (sent once, with the first piece that has it); ``done`` ends the
     plan, with the ``Stop`` of a search that a bound ended and the ``Error`` it raised, if any;
     ``no_row``: why the search found no row (``SearchStats.no_row``), if it found none for a reason
-    worth a note, or which bounds cut short a language it exhausted (``SearchStats.cut``);
+    worth a note, or which bounds cut short a language it exhausted (``SearchStats.cut``), and
+    ``fewest`` (``SearchStats.fewest``);
     ``note``: the plan's progress note when it changed ("compiling the automaton", how many nodes
     the search for the next row has expanded; "" once over), else None."""
 
@@ -44,6 +45,7 @@ class Piece:
     done: bool = False
     stop: Optional[Stop] = None
     no_row: Tuple[str, ...] = ()
+    fewest: Optional[int] = None
     warnings: str = ""
     error: Optional[Error] = None
     note: Optional[str] = None
@@ -135,7 +137,7 @@ class Worker:
                 cancel.set()
                 concurrent.futures.wait([running])
         piece.done, piece.stop = True, (stopped[0] if stopped else None)
-        piece.no_row = empty[0][1] if empty else ()
+        piece.no_row, piece.fewest = (empty[0][1], empty[0][3]) if empty else ((), None)
         if masses and not sent_mass:
             piece.mass = masses[0]
         yield sent(piece)

@@ -62,12 +62,14 @@ class Mass:
 
 def token_sequences(automaton: TokenAutomaton, opts: Measure) -> Optional[int]:
     """The number of token sequences of the language within the token budgets, or None when
-    there are more than ``opts.exact_limit`` (or infinitely many), or more prefix token paths."""
-    strings = automaton.num_strings
-    if strings is None or strings > opts.exact_limit:
-        return None
+    there are more than ``opts.exact_limit`` (or infinitely many), or more prefix token paths;
+    0 where no string fits in max_tokens (``TokenAutomaton.too_long``), which the search then says
+    at once, where draws would give up."""
     if automaton.count_paths(automaton.start, opts.max_prefix_tokens, prefix_only=True) > opts.exact_limit:
         return None
+    strings = automaton.num_strings
+    if strings is None or strings > opts.exact_limit:
+        return 0 if automaton.too_long(opts.max_tokens) is not None else None
     n = automaton.count_paths(automaton.start, opts.max_prefix_tokens + opts.max_tokens)
     return n if n <= opts.exact_limit else None
 

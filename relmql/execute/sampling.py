@@ -167,6 +167,11 @@ class Sampler:
     def rows(self, cancel: Optional[threading.Event] = None) -> Iterator[Row]:
         """The rows in sample order; a batch of walkers advances one token per model call."""
         self.cancel = cancel
+        need = self.automaton.too_long(self.opts.max_tokens) if self.opts.n else None
+        if need is not None:  # every draw would be cut at max_tokens (too_long's error, without the draws)
+            raise ExecutionError(
+                f"sampling cannot draw a string: each string of the language takes at least {need:,} tokens, "
+                f"and max_tokens is {self.opts.max_tokens:,}", hint=f"raise max_tokens to {need:,} or more")
         while self.next_out < self.opts.n:
             self.check_cancel()
             self.start_walkers()

@@ -91,7 +91,9 @@ class SearchStats:
     every string within the bounds, not every string of the language). ``row_at``: nodes expanded
     when the last row was released (0 before the first; a reader that drops the row, as WHERE
     does, sets it back, so that ``max_nodes_per_row`` counts from the last row kept);
-    ``watch(stats, opts)``, when given, is called after each model call (a progress display)."""
+    ``watch(stats, opts)``, when given, is called after each model call (a progress display).
+    ``fewest``: where no string of the language fits in ``max_tokens`` (``no_row`` is then
+    ``("max_tokens",)`` and the search made no model call), a lower bound on the tokens each takes."""
     expanded: int = 0
     prefix: int = 0
     rows: int = 0
@@ -100,6 +102,7 @@ class SearchStats:
     stop: Optional[Stop] = None
     no_row: Tuple[str, ...] = ()
     cut: Tuple[str, ...] = ()
+    fewest: Optional[int] = None
     watch: Optional[Callable[["SearchStats", ShortestPath], None]] = field(default=None, repr=False, compare=False)
 
     @property
@@ -195,6 +198,10 @@ class ShortestPathSearch:
         if self.opts.limit == 0:
             return
         self.check_prefix_paths()
+        need = self.automaton.too_long(self.opts.max_tokens)
+        if need is not None:  # no string fits: known at once, where the search would run into a bound
+            self.stats.no_row, self.stats.fewest = ("max_tokens",), need
+            return
         self.consider(_Node(None, None, self.automaton.start, True, 0, 0, 0.0, 0.0, self.node_key(0.0, 0.0, True)))
         while self.batch or self.queue:
             if cancel is not None and cancel.is_set():
