@@ -29,6 +29,7 @@ from .records import (COLUMNS, COMPUTED_COLUMNS, Cancelled, ExecutionError, Meas
                       cancelling)
 from .stats import Estimate, hashable, probability, sort_key
 from .syntax import ast as A
+from .syntax.regexes import compiled
 
 Models = Callable[[ModelRef], LanguageModel]
 
@@ -144,7 +145,7 @@ def prefix_end(prefix: Optional[str], text: str) -> int:
     if not prefix:
         return 0
     try:
-        pattern = re.compile(prefix)
+        pattern = compiled(prefix)
     except (re.error, RecursionError, OverflowError, ValueError):
         return -1
     return next((k for k in range(len(text), -1, -1) if pattern.fullmatch(text, 0, k)), 0)
@@ -160,7 +161,7 @@ def unedited_match(pattern: str, text: str, edits: int):
     if found is None:
         return None
     found_text = found.decode("utf-8", errors="replace")
-    return re.fullmatch(pattern, found_text) if levenshtein(found_text, text) <= edits else None
+    return compiled(pattern).fullmatch(found_text) if levenshtein(found_text, text) <= edits else None
 
 
 class _GroupEnv(Env):
@@ -190,7 +191,7 @@ class _GroupEnv(Env):
 def match_regex(plan: QueryPlan):
     """MATCHING as a Python ``re`` pattern, for capture groups (None where ``re`` cannot take it)."""
     try:
-        return re.compile(plan.matching)
+        return compiled(plan.matching)
     except (re.error, RecursionError, OverflowError, ValueError):
         return None
 

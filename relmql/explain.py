@@ -81,7 +81,10 @@ def _lines(plan: QueryPlan, automaton: TokenAutomaton, model: LanguageModel, dat
         add("sampling", mode)
         add("prefix draw", "uniform over the prefix strings")
     else:
-        stop = f", stops after {t.limit:,} row{'s' if t.limit != 1 else ''}" if t.limit is not None else ", runs until the language is exhausted"
+        rows = lambda n: f"{n:,} row{'s' if n != 1 else ''}"  # noqa: E731
+        stop = (f", stops after {rows(t.limit)}" if t.limit is not None else
+                f", stops once {rows(plan.limit)} passed WHERE" if plan.limit is not None and plan.where is not None
+                else ", runs until the language is exhausted")
         why = (f" (the default when {t.order_default}: ORDER BY prob would read every variant of the prefix before "
                "its first row)" if t.order_default else "")
         grow = f" (up to {t.max_batch_size} while rows are far apart)" if t.max_batch_size else ""

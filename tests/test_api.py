@@ -125,6 +125,10 @@ def test_explain(con):
     assert re.search(r"^decoding +topk 40", plan, re.M) and "stops after 4 rows" in plan
     assert re.search(r"^strings +12$", plan, re.M)
     assert r._rows == []  # explaining compiles, it does not run the query
+    # with WHERE, LIMIT ends the search once that many rows pass (it reads until then, not to the end)
+    filtered = con.sql(SMALL + " WHERE prob > 0 LIMIT 4")
+    assert "stops once 4 rows passed WHERE" in filtered.explain() and len(filtered.fetchall()) == 4
+    assert "runs until the language is exhausted" in con.sql(SMALL + " WHERE prob > 0").explain()
     with pytest.raises(relmql.Error, match="only queries have a plan"):
         fresh(con).sql("SET topk = 3").explain()
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from ..errors import RegexError, Span
+from ..syntax.regexes import compiled as python_regex
 from .charset import ALL, NEWLINE, CodepointSet, category
 
 MAXREPEAT = None  # an unbounded repetition
@@ -158,9 +159,7 @@ def parse(pattern: str) -> Pattern:
     Raises ``RegexError`` with a span inside ``pattern`` for invalid or non-regular patterns.
     """
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            compiled = re.compile(pattern)
+        compiled = python_regex(pattern)
     except re.error as e:
         pos = e.pos if e.pos is not None else 0
         raise RegexError(e.msg, (pos, pos + 1), pattern) from None

@@ -21,6 +21,7 @@ from ..errors import RegexError
 from ..records import COLUMN_KINDS, COMPUTED_COLUMNS
 from ..syntax import ast as A
 from ..syntax.parser import string_offsets
+from ..syntax.regexes import compiled
 from ..syntax.unparse import quote
 from .options import PlanError, shown, whole_number
 
@@ -87,12 +88,16 @@ def _regex_error(e: re.error, node: A.Node, what: str = "") -> RegexError:
 
 
 def _regexp_extract(s: str, pattern: str, group=0):
-    m = re.search(pattern, s)
+    regex = compiled(pattern)
+    if not 0 <= group <= regex.groups:  # as group(n) is, whether or not this row matches
+        raise ValueError(f"no group {group}: the regex has {regex.groups} group{'s' if regex.groups != 1 else ''} "
+                         f"(0 is the whole match)")
+    m = regex.search(s)
     return None if m is None else m.group(group)
 
 
 def _regexp_replace(s: str, pattern: str, replacement: str) -> str:
-    regex = re.compile(pattern)  # a bad regex: re.error, reported as one
+    regex = compiled(pattern)  # a bad regex: re.error, reported as one
     try:
         return regex.sub(replacement, s)
     except re.error as e:  # the regex is fine: the replacement refers to what it does not have
@@ -104,8 +109,11 @@ def _round(x, n=0):
     0.125 to 0.13: the number as written, not its nearest binary fraction)."""
     if not math.isfinite(x):
         return float(x)
-    digits = decimal.Decimal(1).scaleb(-int(n))
-    return float(decimal.Decimal(repr(float(x))).quantize(digits, rounding=decimal.ROUND_HALF_UP))
+    d, n = decimal.Decimal(repr(float(x))), int(n)
+    if n >= -d.as_tuple().exponent:  # no more decimals than that already (1e300, or 400 of them)
+        return float(x)
+    context = decimal.Context(prec=max(28, d.adjusted() + n + 2), rounding=decimal.ROUND_HALF_UP)
+    return float(d.quantize(decimal.Decimal(1).scaleb(-n), context=context))
 
 
 def _mod(a, b):
@@ -333,9 +341,11 @@ def evaluate(node: A.Node, env: Env) -> Any:
         if v is None:
             return node.negated
         try:
-            found = re.fullmatch(pattern, _text(v, node.operand)) is not None
+            found = compiled(pattern).fullmatch(_text(v, node.operand)) is not None
         except re.error as e:
             raise _regex_error(e, node.pattern) from None
+        except (OverflowError, RecursionError) as e:
+            raise RegexError(f"pattern too complex for Python's re: {e}", node.pattern.span) from None
         return found != node.negated
     if isinstance(node, A.IsNull):
         return (evaluate(node.operand, env) is None) != node.negated

@@ -15,6 +15,7 @@ from ..records import (COLUMNS, COMPUTED_COLUMNS, SAMPLE_BATCH_SIZE, CompileOpti
                        Sample, ShortestPath, Traversal)
 from ..syntax import ast as A
 from ..syntax import string_literal_at, unparse
+from ..syntax.regexes import compiled
 from .expr import AGGREGATES, Env, check_calls, escape, evaluate, is_aggregate, is_probability, kind, truth
 from .options import OPTIONS, PlanError, option, shown, whole_number
 
@@ -344,7 +345,7 @@ def _options(query: A.Query, source: str, settings, params) -> Dict[str, Any]:
 
 def _group_names(matching: str) -> Tuple[str, ...]:
     try:
-        return tuple(re.compile(matching).groupindex)
+        return tuple(compiled(matching).groupindex)
     except (re.error, RecursionError, OverflowError, ValueError):
         return ()  # the compiler reports the pattern's error with its position
 
