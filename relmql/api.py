@@ -19,7 +19,7 @@ from .models import BUILTIN_MODELS, LanguageModel, ModelCache
 from .output import render_table
 from .output.format import format_value
 from .plan import OPTIONS, ModelRef, PlanError, QueryPlan, TestPlan, constant, defaults, option, plan
-from .plan.expr import is_probability
+from .plan.expr import is_aggregate, is_probability
 from .plan.options import shown
 from .records import Cancelled, Stop, cancelling
 from .stats import Chi2Result, chi2_independence
@@ -58,9 +58,10 @@ class Result:
                  explain: Optional[Callable[[], str]] = None, message: Optional[str] = None,
                  kinds: Optional[Sequence[str]] = None, test: Optional[TestPlan] = None,
                  start: Optional[Callable[[], None]] = None, stop: Optional[Callable[[], None]] = None,
-                 streams: bool = False, probabilities: Sequence[str] = ()):
+                 streams: bool = False, probabilities: Sequence[str] = (), weights: Sequence[str] = ()):
         self.columns = tuple(columns)
         self.probabilities = frozenset(probabilities)  # columns that read a probability (chi2's weights)
+        self.weights = tuple(weights)  # the aggregate columns of grouped rows (the cells' weight, as TEST takes it)
         self.streams = streams  # rows arrive one by one (a query without aggregates), not all at the end
         self.kind = kind  # rows, text (EXPLAIN) or status (SET)
         self.message = message
@@ -232,7 +233,15 @@ class Result:
         """The χ² test of independence of columns ``a`` and ``b`` over all rows, each adding its
         ``weight`` column (or 1) to its cell; ``n_per_row``: treat the cells as probabilities
         standing for that many draws per value of ``a`` (see ``relmql.stats.chi2_independence``);
-        a weight that is a probability needs it, as probabilities carry no sample size."""
+        a weight that is a probability needs it, as probabilities carry no sample size. Grouped
+        rows are weighed as TEST weighs them where ``weight`` is not given: by their
+        probability() column, else their first other aggregate (count(*), sum(...))."""
+        if weight is None and self.weights:  # each row is a group, standing for many draws
+            others = [w for w in self.weights if w not in (a, b)]
+            if not others:
+                raise Error(f"these rows are groups, and {a!r} and {b!r} leave no aggregate column to weigh them",
+                            hint="group by two columns and count them: SELECT g, h, count(*) AS n ... GROUP BY g, h")
+            weight = next((w for w in others if w in self.probabilities), others[0])
         for c in (a, b) + ((weight,) if weight else ()):
             if c not in self.columns:
                 near = closest(c, self.columns)
@@ -479,7 +488,8 @@ class Connection:
         return Result(p.columns, rows, explain=lambda: self._explain(p), kinds=[o.kind for o in p.outputs],
                       test=p.test, start=remote.start if remote is not None else None,
                       stop=remote.cancel if remote is not None else None, streams=not p.aggregate,
-                      probabilities=[o.name for o in p.outputs if is_probability(o.expr)])
+                      probabilities=[o.name for o in p.outputs if is_probability(o.expr)],
+                      weights=[o.name for o in p.outputs if is_aggregate(o.expr)])
 
     def _explain(self, p) -> str:
         from .explain import explain  # the engine, and torch, only when a plan is explained

@@ -146,7 +146,9 @@ class Chi2Result:
     ``table`` holds the counts (rows: values of ``a``, columns: values of ``b``), ``n`` their
     total. ``scaled``: the cells were probabilities, turned into counts of ``n_per_row`` draws
     per value of ``a``. ``cramers_v``: the strength of the association (0 to 1), which unlike the
-    p-value does not grow with the sample size."""
+    p-value does not grow with the sample size. ``small``: of a table of counts (not scaled), the
+    cells whose expected count is under 5, where the χ² approximation of the p-value is poor;
+    ``fisher_p``: then, for a 2 × 2 table of whole counts, Fisher's exact test's p-value."""
 
     a: str
     b: str
@@ -160,12 +162,21 @@ class Chi2Result:
     table: Tuple[Tuple[float, ...], ...]
     scaled: bool = False
     n_per_row: Optional[float] = None
+    small: int = 0
+    fisher_p: Optional[float] = None
 
     def summary(self) -> str:
-        """One line: the test, its statistic, degrees of freedom and p-value."""
+        """One line: the test, its statistic, degrees of freedom and p-value (and where the
+        expected counts are too small for it, how many, and Fisher's exact p-value)."""
         how = f"probabilities as {self.n_per_row:,g} draws per {self.a}" if self.scaled else f"n = {self.n:,g}"
-        return (f"χ² test of independence of {self.a} and {self.b}: χ² = {self.statistic:.4g}, "
+        line = (f"χ² test of independence of {self.a} and {self.b}: χ² = {self.statistic:.4g}, "
                 f"dof = {self.dof}, p = {format_p(self.p_value)}, Cramér's V = {self.cramers_v:.3g} ({how})")
+        if self.small:
+            cells = len(self.table) * len(self.table[0])
+            line += (f"; {self.small} of {cells} cells expect fewer than 5 rows, where χ²'s p-value is unreliable"
+                     + (f": Fisher's exact test gives p = {format_p(self.fisher_p)}" if self.fisher_p is not None
+                        else " (draw more, or merge rare values)"))
+        return line
 
 
 def format_p(p: float) -> str:
@@ -257,11 +268,17 @@ def chi2_independence(rows: Sequence[Mapping[str, Any]], a: str, b: str, weight:
         if not 0 < n_per_row <= MAX_TEST_DRAWS:
             raise ValueError(f"n_per_row must be positive and at most {MAX_TEST_DRAWS:.0e}, not {n_per_row!r}")
         table = table / table.sum(axis=1, keepdims=True) * n_per_row
-    stat, p, dof, _ = chi2_contingency(table, correction=False)
+    stat, p, dof, expected = chi2_contingency(table, correction=False)
     n = float(table.sum())
     v = math.sqrt(stat / (n * (min(table.shape) - 1)))
+    small = int((expected < 5).sum()) if n_per_row is None else 0
+    fisher_p = None
+    if small and table.shape == (2, 2) and (table == np.round(table)).all():
+        from scipy.stats import fisher_exact
+        fisher_p = float(fisher_exact(table.astype(np.int64))[1])
     return Chi2Result(a, b, float(stat), int(dof), float(p), n, v, tuple(a_vals), tuple(b_vals),
-                      tuple(tuple(float(x) for x in row) for row in table), n_per_row is not None, n_per_row)
+                      tuple(tuple(float(x) for x in row) for row in table), n_per_row is not None, n_per_row,
+                      small, fisher_p)
 
 
 __all__ = ["Estimate", "wilson", "estimate_mean", "probability", "ci_bound", "chi2_independence", "contingency", "Chi2Result", "format_p",

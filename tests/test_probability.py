@@ -637,6 +637,45 @@ def test_test_clause_on_exact_probabilities(con):
     assert r.chi2("gender", "field", weight="p", n_per_row=1000).statistic == pytest.approx(want[0])
     with pytest.raises(Error, match="the weight .p. is a probability, which carries no sample size"):
         r.chi2("gender", "field", weight="p")
+    # grouped rows without a weight are weighed as TEST weighs them (here p), not counted once each
+    with pytest.raises(Error, match="the weight .p. is a probability, which carries no sample size"):
+        r.chi2("gender", "field")
+
+
+def test_chi2_on_grouped_counts_weighs_them_as_test_does(con):
+    """``Result.chi2(a, b)`` on grouped rows takes their count(*) column as the weight, as TEST
+    does (each row counted once, any such table would be independent: p = 1); a result whose
+    only aggregate is a tested column has nothing to weigh its cells with."""
+    r = con.sql(f"SELECT gender, field, count(*) AS n {GF} USING seed 1 SAMPLE 300 GROUP BY gender, field "
+                "TEST INDEPENDENCE OF gender, field")
+    assert r.chi2("gender", "field") == r.chi2("gender", "field", weight="n") == r.test
+    assert r.chi2("gender", "field").n == 300
+    counted = con.sql(f"SELECT gender, count(*) AS n {GF} USING seed 1 SAMPLE 30 GROUP BY gender")
+    with pytest.raises(Error, match="these rows are groups, and 'gender' and 'n' leave no aggregate column"):
+        counted.chi2("gender", "n")
+
+
+def test_chi2_says_where_expected_counts_are_too_small_with_fishers_exact_test():
+    """Cells expecting fewer than 5 rows make χ²'s p-value unreliable: the result counts them
+    and, for a 2 × 2 table of counts, gives Fisher's exact p-value. Worked by hand: row sums 1
+    and 39, column sums 16 and 24, so the cat row expects 0.4 and 0.6; the one cat is either
+    sat (probability 16/40) or ran (24/40), both no likelier than the table seen, p = 1. With 4
+    men who ran, 1 woman who ran and 3 who sat, the tables as unlikely or less (hypergeometric)
+    are 4 and 1 men who ran of the 5: p = 8/56. Where every cell expects 5, no such words."""
+    rows = [{"a": "cat", "b": "ran"}] + [{"a": "dog", "b": "ran"}] * 23 + [{"a": "dog", "b": "sat"}] * 16
+    t = chi2_independence(rows, "a", "b")
+    assert t.small == 2 and t.fisher_p == pytest.approx(1.0)
+    assert t.summary().endswith("; 2 of 4 cells expect fewer than 5 rows, where χ²'s p-value is unreliable: "
+                                "Fisher's exact test gives p = 1")
+    men = [{"g": "man", "v": "ran"}] * 8 + [{"g": "man", "v": "sat"}] * 2
+    women = [{"g": "woman", "v": "ran"}] * 2 + [{"g": "woman", "v": "sat"}] * 8
+    t = chi2_independence(men + women, "g", "v")
+    assert t.small == 0 and t.fisher_p is None and "Fisher" not in t.summary()  # every cell expects 5
+    few = chi2_independence(men[:4] + women[:1] + women[-3:], "g", "v")  # 4 men ran; 1 woman ran, 3 sat
+    tail = sum(math.comb(4, k) * math.comb(4, 5 - k) for k in (1, 4)) / math.comb(8, 5)  # as or less likely
+    assert few.small == 4 and few.fisher_p == pytest.approx(tail)
+    wide = chi2_independence(rows + [{"a": "owl", "b": "hid"}], "a", "b")  # 3 × 3: no Fisher here
+    assert wide.small and wide.fisher_p is None and "(draw more, or merge rare values)" in wide.summary()
 
 
 def test_test_weighs_by_probabilities_before_counts(con):
