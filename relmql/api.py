@@ -407,10 +407,12 @@ class Connection:
     def sql(self, text: str, params: Optional[Mapping[str, Any]] = None) -> Result:
         """Run ``text`` (one or more statements); the last statement's ``Result`` (lazy for
         queries), the ones before it run to completion first. ``params``: the values of the
-        statements' ``:name`` parameters, by name."""
+        statements' ``:name`` parameters, by name (``"n"`` or ``":n"``, as it is written)."""
         if params is not None and not isinstance(params, Mapping):
             raise PlanError(f"params is a mapping from parameter names to values, such as {{'n': 3}}, "
                             f"not {type(params).__name__}")
+        if params is not None and any(isinstance(k, str) and k.startswith(":") for k in params):
+            params = {k[1:] if isinstance(k, str) and k.startswith(":") else k: v for k, v in params.items()}
         statements = parse(text)
         if not statements:
             return Result((), lambda r: iter(()), kind="status", message="")
@@ -446,7 +448,8 @@ class Connection:
                 self.set(spec.name, value, st.value.span, text)
             now = self.settings[spec.name]
             now = now if isinstance(now, str) else shown(now)  # NULL, TRUE; text unquoted: SET tokenization = all
-            return Result((), lambda r: iter(()), kind="status", message=f"SET {spec.name} = {now}")
+            default = " (the default)" if self.settings[spec.name] == spec.default else ""
+            return Result((), lambda r: iter(()), kind="status", message=f"SET {spec.name} = {now}{default}")
         if isinstance(st, A.Show):
             return self._show(st, text)
         raise Error(f"cannot run {type(st).__name__}")

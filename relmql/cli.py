@@ -133,6 +133,9 @@ def _main(args) -> int:
             scripts.append((f, Path(f).read_text(encoding="utf-8-sig") if f != "-" else sys.stdin.read().removeprefix("\ufeff")))
         except (OSError, UnicodeDecodeError) as e:
             print(f"error: cannot read {f}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+            if isinstance(e, FileNotFoundError) and not Path(f).suffix and "/" not in f:  # relmql help
+                print("hint: FILE arguments are scripts of statements to run; relmql --help lists the options, "
+                      "and -c 'SQL' runs a statement", file=sys.stderr)
             return EXIT_ERROR
     if not scripts:
         if sys.stdin.isatty():

@@ -561,9 +561,12 @@ def test_connect_and_params_take_what_python_code_has_at_hand(con):
     assert len(got) == 1  # numpy's integers are whole numbers (pandas gives them)
     with pytest.raises(relmql.PlanError, match="params is a mapping .* not list"):
         con.sql("SELECT text MATCHING :q", ["ab"])  # was read as {'a': 'b'}
+    assert con.sql("SELECT text MATCHING :q", {":q": "ab"}).fetchall() == [("ab",)]  # the name as written
     with pytest.raises(relmql.PlanError, match="progress is True or False, not 'no'"):
         relmql.connect(model="tiny-gpt2", progress="no")
-    assert fresh(con).sql("SET topk = NULL").message == "SET topk = NULL"
+    assert fresh(con).sql("SET topk = NULL").message == "SET topk = NULL (the default)"
+    assert fresh(con).sql("SET topk = DEFAULT").message == "SET topk = NULL (the default)"  # no top-k, as NULL
+    assert fresh(con).sql("SET topk = 5").message == "SET topk = 5"
 
 
 def test_rows_past_the_keep_budget_stream_through_and_are_not_kept(con):

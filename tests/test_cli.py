@@ -365,6 +365,7 @@ def test_dash_c_errors_have_a_caret_without_a_file_name(capsys):
 @pytest.mark.parametrize("args, words", [
     (["--model", "smolm2", "-c", "SELECT text MATCHING 'a';"], "did you mean 'smollm2-135m'"),
     (["no/such/file.rql"], "cannot read no/such/file.rql"),
+    (["help"], "hint: FILE arguments are scripts of statements to run; relmql --help lists the options"),
     (["-c", "SELECT text MATCHING 'a' FOR EACH ROW IN 'no/such/rows.jsonl';"], "no data file"),
     (["-c", "SELECT text MATCHING '(a)\\1';"], "back-references"),
     (["-c", "SET topk = 'x';"], "topk is a whole number"),

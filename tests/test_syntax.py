@@ -89,6 +89,16 @@ def test_expected_tokens_are_those_that_could_come_next():
     assert expected("SELECT text MATCHING 'a' USING topk 5 foo").startswith("',', ';', FOR")
 
 
+def test_typographic_quotes_are_told_apart_from_straight_ones():
+    """Text pasted from a word processor or a chat has curly quotes, which are not SQL's."""
+    for text in ("SELECT text MATCHING \u2018The cat\u2019", "SELECT text MATCHING \u201cThe cat\u201d"):
+        with pytest.raises(ParseError) as info:
+            parse(text)
+        e = info.value
+        assert e.span == (21, 22) and e.message == f"unexpected {text[21]!r}, a typographic quote"
+        assert e.hint.startswith("strings are written with straight quotes: 'The cat'")
+
+
 @pytest.mark.parametrize("path", GOOD, ids=lambda p: p.stem)
 def test_golden_ast(path, update_golden):
     text = read(path)

@@ -110,6 +110,9 @@ def _syntax_error(e: UnexpectedInput, text: str) -> ParseError:
             return ParseError('unterminated quoted name', (pos, len(text)), text)
         if text.startswith("/*", pos):
             return ParseError("unterminated comment", (pos, len(text)), text)
+        if ch in "\u2018\u2019\u201c\u201d":  # pasted from a word processor or a chat
+            return ParseError(f"unexpected {ch!r}, a typographic quote", (pos, pos + 1), text,
+                              hint="strings are written with straight quotes: 'The cat' (names with \"...\")")
         expected = _describe(e.allowed or ())
         # a whole word where it cannot go reads better than its first character
         m = re.compile(r"[A-Za-z_][\w\-.]*|.", re.S).match(text, pos)  # "." also: \x1f is not WS here
