@@ -710,6 +710,16 @@ def test_numbers_at_the_edges(con):
                   {"g": "1"})
     assert got == ("b", 0.12)  # the group number, not a group named '1'
 
+def test_a_column_name_given_twice_keeps_its_first_column(con):
+    """``SELECT *, prob``: the star's prob keeps its name (code that reads r["prob"] still works),
+    the second is prob_2; a name already taken is passed over."""
+    r = con.sql("SELECT *, prob MATCHING 'ab' LIMIT 1")
+    cols, (row,) = r.columns, r.fetchall()
+    assert cols.count("prob") == 1 and cols[-1] == "prob_2" and cols.index("prob") < len(cols) - 1
+    assert row[cols.index("prob")] == row[-1] == math.exp(row[cols.index("logprob")])
+    assert con.sql("SELECT text AS a, prob AS a, tokens AS a_2 MATCHING 'ab'").columns == ("a", "a_3", "a_2")
+
+
 def test_round_and_remainder_as_sql_has_them(con):
     """Halves away from zero and the dividend's sign, as PostgreSQL's numeric and DuckDB give them
     (Python's round(2.5) is 2 and -7 % 3 is 2)."""

@@ -393,12 +393,24 @@ def _select(query: A.Query, source: str, groups) -> Tuple[Tuple[Output, ...], bo
             if not is_aggregate(o.expr) and o.expr not in group_by and _refers_to_row(o.expr):
                 raise PlanError(f"{o.name} must be in GROUP BY or inside an aggregate such as count()",
                                 item.span, source)
-    names = [o.name for o in items]
-    dup = next((n for n in names if names.count(n) > 1), None)
-    if dup is not None:
-        items = [replace(o, name=o.name if names.count(o.name) == 1 else f"{o.name}_{i + 1}")
-                 for i, o in enumerate(items)]
-    return tuple(items), aggregate, tuple(group_by)
+    return _unique_names(items), aggregate, tuple(group_by)
+
+
+def _unique_names(items: List[Output]) -> Tuple[Output, ...]:
+    """The output columns with a name given twice told apart: the first keeps it (``SELECT *,
+    prob`` still has its ``prob``), the next are ``prob_2``, ``prob_3`` (past any name taken)."""
+    used = {o.name for o in items}
+    seen: Dict[str, int] = {}
+    out = []
+    for o in items:
+        k = seen[o.name] = seen.get(o.name, 0) + 1
+        if k > 1:
+            while f"{o.name}_{k}" in used:
+                k += 1
+            used.add(f"{o.name}_{k}")
+            o = replace(o, name=f"{o.name}_{k}")
+        out.append(o)
+    return tuple(out)
 
 
 def _test(test: Optional[A.Test], outputs, aggregate: bool, source: str, draws: int) -> Optional[TestPlan]:
