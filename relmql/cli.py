@@ -258,8 +258,9 @@ def _run_statements(con, text: str, name: str, params, fmt: str, out: IO[str], e
         return EXIT_ERROR
     if not statements and shell is None:
         print(f"note: {name} has no statements", file=err)
-    first = shell.first if shell is not None else True
-    arrays = 0  # JSON arrays written
+    from .output import Sink
+    tally = out if isinstance(out, Sink) else Sink(out, "the output")  # results and JSON arrays written
+    first = shell.first if shell is not None else not tally.results
     ahead: Dict[int, object] = {}
     running: List[object] = []  # the query being read, cancelled by Ctrl-C
     with _ctrl_c(running) as pressed:
@@ -296,8 +297,9 @@ def _run_statements(con, text: str, name: str, params, fmt: str, out: IO[str], e
                     continue
                 write(result.columns, rows, fmt, out, stream=fmt == "table" and out.isatty() and result.streams,
                       kinds=result.kinds)
-                arrays += fmt == "json"
-                if arrays == 2:  # as duckdb writes them; a reader of one JSON document stops at the second
+                tally.results += 1
+                tally.arrays += fmt == "json"
+                if fmt == "json" and tally.arrays == 2:  # as duckdb writes them; a JSON reader stops at the second
                     print(f"note: {getattr(out, 'name', 'the output')} holds one JSON array per statement; "
                           "--format jsonl writes rows that read as one stream", file=err)
                 if result.test_plan is not None:  # beside machine formats, on stderr

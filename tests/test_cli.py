@@ -656,6 +656,14 @@ def test_json_output_of_several_statements_says_it_is_several_arrays(capsys, tmp
     assert [len(a) for a in arrays] == [2, 1]
     code, _, err = run(capsys, "-o", str(target), "-c", "SELECT text MATCHING 'a(b|c)'")
     assert code == 0 and err == "" and len(json.loads(target.read_text())) == 2
+    # two -c (or two files) write two arrays too, and say so once
+    code, _, err = run(capsys, "-o", str(target), "-c", "SELECT text MATCHING 'a(b|c)'",
+                       "-c", "SELECT 1 AS x MATCHING 'a'", "-c", "SELECT 2 AS y MATCHING 'a'")
+    assert code == 0 and err.count("holds one JSON array per statement") == 1
+    # tables of two -c are apart, as those of one
+    code, out, _ = run(capsys, "--format", "table", "-c", "SELECT 1 AS x MATCHING 'a'",
+                       "-c", "SELECT 2 AS y MATCHING 'a'")
+    assert code == 0 and "(1 row)\n\n┌" in out
 
 
 def test_json_says_when_it_writes_an_infinity_as_null(capsys):

@@ -182,10 +182,12 @@ def _jsonable(v):
 
 class Sink:
     """A stream results are written to, named: a write that fails (a full disk) is an ``Error``
-    that names it; a reader that went away (``| head``) is still a ``BrokenPipeError``."""
+    that names it; a reader that went away (``| head``) is still a ``BrokenPipeError``. It counts
+    the ``results`` and JSON ``arrays`` written to it, whichever script or -c wrote them."""
 
     def __init__(self, stream: IO[str], name: str):
         self.stream, self.name, self.failed = stream, name, False
+        self.results = self.arrays = 0
 
     def _call(self, method, *args):
         try:
