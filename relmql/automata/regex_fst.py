@@ -16,7 +16,7 @@ from ..errors import CompileError
 from . import regex as rx
 from .backtrack import backtrack_fst
 from .primitives import (EPS, bytes_fst, chars_fst, concat_all, empty_fst, epsilon_fst, fst_arrays, fst_from_arrays,
-                         is_final, optimize, ranges_fst)
+                         is_final, optimize, ranges_fst, _over)
 
 SHORT_ROW = 8  # optional items in a row that are concatenated at once
 ROW_BUDGET = 10  # states determinized per allowed state, for longer rows
