@@ -51,7 +51,8 @@ class Error(Exception):
             lines.extend(caret_lines(self.source, self.span))
         if self.hint:
             lines.append(f"hint: {self.hint}")
-        return "\n".join(lines)
+        # a lone surrogate (from Python text) as its escape: no stream could write it
+        return "\n".join(lines).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class RegexError(Error):

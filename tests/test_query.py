@@ -638,6 +638,11 @@ BAD = [
      "syntax does not have (it would match the characters ':alph'); write [a-zA-Z]"),
     ("SELECT text MATCHING 'a' WHERE text MATCHES '[^[:digit:]]'", RegexError, "[", "write [0-9] or \\d"),
     ("SELECT text MATCHING 'a' PREFIX '[:space:]'", RegexError, "[", "write \\s"),
+    # surrogates, which no UTF-8 text holds: a JSON-style pair is named as the character it writes
+    ("SELECT text MATCHING 'The \\ud83d\\ude00'", RegexError, "\\ud83d\\ude00",
+     "is a UTF-16 pair of surrogates, which re reads as two code points no UTF-8 text holds: write the character "
+     "it stands for, \U0001f600 or \\U0001F600"),
+    ("SELECT text MATCHING 'a|\\udc00'", RegexError, "\\udc00", "U+DC00 is a surrogate code point"),
 ]
 
 
@@ -659,6 +664,15 @@ def test_regexes_are_read_as_re_reads_them_without_its_warnings(con):
     with pytest.raises(RegexError) as e:
         rows(con, query)
     assert e.value.span[0] == query.index("[:alpha:]")
+
+
+def test_a_surrogate_in_python_text_renders_as_its_escape(con):
+    """Python text may hold a lone surrogate, which no stream can write: the message shows it
+    escaped; the suggestion for a pair matches what the pair meant."""
+    with pytest.raises(RegexError) as e:
+        con.sql("SELECT text MATCHING :q", {"q": "The \ud800"}).fetchall()
+    assert "'The ⟨here⟩\\ud800'" in e.value.render() and e.value.render().encode("utf-8")
+    assert [t for (t,) in con.sql("SELECT text MATCHING 'The \\U0001F600'")] == ["The \U0001f600"]
 
 
 @pytest.mark.parametrize("query, cls, under, words", BAD, ids=[b[0][:60] for b in BAD])

@@ -412,6 +412,14 @@ class _Parser:
             first = False
 
     def literal(self, cp: int, span: Span, flags: int) -> Chars:
+        if 0xD800 <= cp <= 0xDFFF:  # else "MATCHING matches no string", with no word of why
+            low = re.match(r"\\u([dD][c-fC-F][0-9a-fA-F]{2})", self.s[span[1]:])
+            if cp < 0xDC00 and low:  # a UTF-16 pair, as JSON and JavaScript write one
+                c = 0x10000 + ((cp - 0xD800) << 10) + (int(low.group(1), 16) - 0xDC00)
+                self.unsupported(f"\\u{cp:04x}\\u{low.group(1).lower()} is a UTF-16 pair of surrogates, which re reads "
+                                 f"as two code points no UTF-8 text holds: write the character it stands for, "
+                                 f"{chr(c)} or \\U{c:08X}", span[0], span[1] + 6)
+            self.unsupported(f"U+{cp:04X} is a surrogate code point, which no UTF-8 text holds", *span)
         chars = CodepointSet.of(cp)
         if flags & FLAG_I:
             chars = _ignorecase(self.s[span[0]:span[1]], chars, flags)
