@@ -128,6 +128,13 @@ def test_user_errors_from_workers_render_as_in_process(local, remote, data):
     assert rendered[0] == rendered[1]
     assert "^" in rendered[1] and "no/such/model" in rendered[1]
     assert remote.sql("SELECT text MATCHING 'The cat' LIMIT 1").fetchall() == [("The cat",)]  # still usable
+    # an error the sampler raises on a worker before its first draw (no string fits in max_tokens)
+    rendered = []
+    for con in (local, remote):
+        with pytest.raises(Error) as e:
+            con.sql("SELECT text MATCHING 'x[a-z]{200}' PREFIX 'x' USING max_tokens 2 SAMPLE 3").fetchall()
+        rendered.append(e.value.render())
+    assert rendered[0] == rendered[1] and "sampling cannot draw a string" in rendered[1]
 
 
 def test_a_killed_worker_is_replaced_and_no_row_is_lost_or_repeated(local, remote, data):
