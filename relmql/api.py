@@ -123,6 +123,10 @@ class Result:
                 raise self._failed
             if self._done:
                 return None
+            if self.cancelled.is_set():  # a row received before the cancel (Ray's) is not handed out after it
+                self._done = True
+                self._failed = Cancelled("the query was cancelled")
+                raise self._failed
             if self._iter is None:
                 self._t0 = time.perf_counter()
                 self._iter = self._make(self)

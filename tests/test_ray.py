@@ -185,12 +185,20 @@ def test_a_retried_plan_skips_the_rows_already_received(local):
     assert rest == full[17:]
 
 
-def test_cancel_stops_a_running_query_and_the_workers_stay_usable(remote):
+def test_cancel_stops_a_running_query_and_the_workers_stay_usable(local, remote):
     result = remote.sql("SELECT text MATCHING '[a-z]{1,30}' USING topk 50 LIMIT 1000000")
     threading.Timer(1.0, result.cancel).start()
     with pytest.raises(Cancelled):
         for _ in result:
             pass
+    # a row the workers had sent before the cancel is not read after it, as in process
+    for con in (local, remote):
+        r = con.sql("SELECT text MATCHING 'The [a-z]{1,8}' PREFIX 'The' LIMIT 500")
+        first = r.fetchone()
+        r.cancel()
+        with pytest.raises(Cancelled, match="the query was cancelled"):
+            r.fetchone()
+        assert r.rows_so_far == [first]
     # two queries at once: one of them goes to the worker that ran the cancelled query, and
     # finishes only if that worker really stopped (a million rows would take many minutes)
     queries = [remote.sql(f"SELECT text MATCHING 'The {w}' LIMIT 1") for w in ("dog", "cat")]
