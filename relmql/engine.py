@@ -263,6 +263,11 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
             stopped.append(stop)
         else:
             say(stop_warning(stop))
+    if stats.floor is not None:
+        say(f"warning: probability() is at least {stats.floor:.4g} (the canonical tokenizations of the strings "
+            "drawn), above its estimate's interval: local draws over every tokenization kept to ones the model "
+            "seldom reads (on Gemma 3, its bare space token first) and missed those that carry the probability; "
+            "tokenization canonical measures the canonical ones exactly")
     causes, partial = stats.no_row or stats.cut, bool(emitted) or mass is not None
     if mass is not None:  # probability() has its row; the rules' cuts are what it measures under
         causes = tuple(c for c in causes if c not in ("rules", "eos"))

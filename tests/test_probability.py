@@ -596,6 +596,30 @@ def test_chi2_matches_scipy_on_counts_and_on_probabilities():
     assert [type(v) for v in t3.a_values] == [int, bool]
 
 
+def test_an_estimate_below_its_strings_canonical_probability_is_warned_about(gemma, con):
+    """Gemma 3 gives its bare space token far more probability at the start than ' Hello', so
+    local draws over every tokenization begin with it and miss the tokenization that carries the
+    probability: the estimate (which can only be larger than the canonical value) comes out six
+    orders smaller, with a narrow interval. The canonical tokenizations of the strings drawn
+    bound it from below, and the query says so; the bound equals the exact canonical value
+    (both strings were drawn). Where the estimate is sound (tiny-gpt2), nothing is said."""
+    import relmql
+    s = relmql.connect(model="gemma3-270m", dtype="float32")
+    s.models.put("gemma3-270m", "cpu", "float32", gemma)
+    query = "SELECT probability() AS p MATCHING ' Hello (world|there)'"
+    ((exact,),) = s.sql(query).fetchall()
+    r = s.sql(query + " USING tokenization all, estimate_samples 100")
+    ((p,),) = r.fetchall()
+    assert not p.exact and p.high < exact / 1000
+    (warning,) = [n for n in r.notes if n.startswith("warning: probability() is at least")]
+    floor = float(warning.split()[5])
+    assert floor == pytest.approx(exact, rel=1e-3) and "tokenization canonical" in warning
+    sound = con.sql("SELECT probability() AS p MATCHING 'The [a-z]{1,4} sat' PREFIX 'The' "
+                    "USING tokenization all, estimate_samples 200")
+    ((q,),) = sound.fetchall()
+    assert not q.exact and not any("at least" in n for n in sound.notes)
+
+
 # -- TEST INDEPENDENCE
 
 GF = ("MATCHING 'The (?P<gender>man|woman) was (?P<field>good|bad|ok)' PREFIX 'The (man|woman) was'")

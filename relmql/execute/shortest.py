@@ -93,7 +93,9 @@ class SearchStats:
     does, sets it back, so that ``max_nodes_per_row`` counts from the last row kept);
     ``watch(stats, opts)``, when given, is called after each model call (a progress display).
     ``fewest``: where no string of the language fits in ``max_tokens`` (``no_row`` is then
-    ``("max_tokens",)`` and the search made no model call), a lower bound on the tokens each takes."""
+    ``("max_tokens",)`` and the search made no model call), a lower bound on the tokens each takes.
+    ``floor``: where a local estimate over every tokenization fell below it, the probability of
+    its strings' canonical tokenizations (``measure.canonical_floor``)."""
     expanded: int = 0
     prefix: int = 0
     rows: int = 0
@@ -103,6 +105,7 @@ class SearchStats:
     no_row: Tuple[str, ...] = ()
     cut: Tuple[str, ...] = ()
     fewest: Optional[int] = None
+    floor: Optional[float] = None
     watch: Optional[Callable[["SearchStats", ShortestPath], None]] = field(default=None, repr=False, compare=False)
 
     @property
