@@ -18,7 +18,7 @@ from .memory import approx_bytes, format_size
 from .models import BUILTIN_MODELS, LanguageModel, ModelCache
 from .output import render_table
 from .output.format import format_value
-from .plan import OPTIONS, ModelRef, PlanError, QueryPlan, TestPlan, constant, defaults, option, plan
+from .plan import OPTIONS, ModelRef, PlanError, QueryPlan, TestPlan, cell_weight, constant, defaults, option, plan
 from .plan.expr import is_aggregate, is_probability
 from .plan.options import shown
 from .records import Cancelled, Stop, cancelling
@@ -241,11 +241,10 @@ class Result:
         rows are weighed as TEST weighs them where ``weight`` is not given: by their
         probability() column, else their first other aggregate (count(*), sum(...))."""
         if weight is None and self.weights:  # each row is a group, standing for many draws
-            others = [w for w in self.weights if w not in (a, b)]
-            if not others:
+            weight = cell_weight(a, b, self.weights, self.probabilities)
+            if weight is None:
                 raise Error(f"these rows are groups, and {a!r} and {b!r} leave no aggregate column to weigh them",
                             hint="group by two columns and count them: SELECT g, h, count(*) AS n ... GROUP BY g, h")
-            weight = next((w for w in others if w in self.probabilities), others[0])
         for c in (a, b) + ((weight,) if weight else ()):
             if c not in self.columns:
                 near = closest(c, self.columns)

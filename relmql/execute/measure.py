@@ -101,9 +101,9 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
         hits, n, total, squares = [], 0, 0.0, 0.0
         for r in draws:
             n += 1
-            if not r.miss:
+            if check and not r.miss:
                 total, squares = total + r.weight, squares + r.weight ** 2
-                if check and len(hits) < 4 * FLOOR_STRINGS:
+                if len(hits) < 4 * FLOOR_STRINGS:
                     hits.append(r)
             yield reps.row(r.tokens[:r.prefix_tokens], rank=r.rank) if r.miss else r
         if stats is not None:  # the bounds that ended a draw where the language went on

@@ -8,7 +8,7 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Collection, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..errors import Error, closest
 from ..records import (COLUMNS, COMPUTED_COLUMNS, SAMPLE_BATCH_SIZE, CompileOptions, Decoding, Measure, ModelRef,
@@ -437,8 +437,9 @@ def _test(test: Optional[A.Test], outputs, aggregate: bool, source: str, draws: 
     if a.name == b.name:
         raise PlanError("a test of independence needs two different columns", test.columns[1].span, source)
 
-    weights = [o for o in outputs if o not in (a, b) and is_aggregate(o.expr)]
-    weight = next((o for o in weights if is_probability(o.expr)), weights[0] if weights else None)
+    name = cell_weight(a.name, b.name, [o.name for o in outputs if is_aggregate(o.expr)],
+                       {o.name for o in outputs if is_probability(o.expr)})
+    weight = next(o for o in outputs if o.name == name) if name is not None else None
     if weight is None and aggregate:
         tested = next((o for o in (a, b) if is_aggregate(o.expr)), None)
         if tested is not None:  # OF g, n with n the count(*) column: the cells' weight is not a variable
@@ -450,6 +451,14 @@ def _test(test: Optional[A.Test], outputs, aggregate: bool, source: str, draws: 
                         "the cells", test.span, source)
     return TestPlan(a=a.name, b=b.name, weight=weight.name if weight else None,
                     n_per_row=draws if weight is not None and is_probability(weight.expr) else None)
+
+
+def cell_weight(a: str, b: str, aggregates: Sequence[str], probabilities: Collection[str]) -> Optional[str]:
+    """The column that weighs a test's cells over grouped rows, as TEST and ``Result.chi2`` take
+    it: the first probability column among the aggregate columns other than ``a`` and ``b``,
+    else the first of them (None where there is none)."""
+    others = [w for w in aggregates if w not in (a, b)]
+    return next((w for w in others if w in probabilities), others[0] if others else None)
 
 
 def _refers_to_row(node: A.Node) -> bool:
