@@ -127,6 +127,11 @@ def _main(args) -> int:
         from .plan import PlanError  # a GPU or Ray that is not here is not
         print(e.render(), file=sys.stderr)
         return EXIT_USAGE if isinstance(e, PlanError) else EXIT_ERROR
+    ray_only = [f for f, v in (("--workers", args.workers), ("--ray-address", args.ray_address)) if v is not None]
+    if ray_only and args.engine != "ray":
+        verb = "apply" if len(ray_only) > 1 else "applies"
+        print(f"note: {' and '.join(ray_only)} {verb} to the Ray engine (--engine ray, or SET engine = 'ray' in "
+              f"the script); until then queries run in this process", file=sys.stderr)
     scripts = [("-c", c) for c in args.command or []]
     for f in args.files:
         try:

@@ -199,13 +199,15 @@ def match_regex(plan: QueryPlan):
 def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event] = None,
                progress: Optional[Callable[[int], None]] = None, stopped: Optional[list] = None,
                masses: Optional[list] = None, on_total: Optional[Callable[..., None]] = None,
-               no_row: Optional[list] = None, on_note: Optional[Callable[[str], None]] = None) -> Iterator[RowEnv]:
+               no_row: Optional[list] = None, on_note: Optional[Callable[[str], None]] = None,
+               floors: Optional[list] = None) -> Iterator[RowEnv]:
     """The result rows of one query that pass its WHERE, up to its LIMIT. A search that a bound
     stopped (``Stop``) is warned about on stderr, or appended to ``stopped`` when given; one that
     found no row because the decoding rules or the token bounds cut it short is noted on stderr
     (``no_row_note``), or ``(plan, causes, False, fewest)`` appended to ``no_row`` when given; one that
     exhausted its language within bounds that cut it short, or probability() measured within
-    them, likewise with True (``SearchStats.cut``). A query that
+    them, likewise with True (``SearchStats.cut``); an estimate below its canonical floor is
+    warned about, or its floor appended to ``floors`` when given. A query that
     measures its language (probability()) appends how to ``masses`` and tells ``on_total`` how
     many sequences or draws it will read (``progress`` counts them); its rows include rows that
     only count (``row.miss``: a prefix path, a draw that found no string or that WHERE left out),
@@ -239,11 +241,11 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
                 progress(1)
             yield RowEnv(plan, row, None, regex, mass)
             continue
-        if progress is not None and mass is not None:
+        if progress is not None and mass is not None and not row.summed:
             progress(1)
         env = RowEnv(plan, row, emitted + 1, regex, mass)
         if plan.where is not None and not _eval(plan.where, env, plan.source, condition=True):
-            if mass is not None and not mass.exact:  # a draw all the same
+            if mass is not None and not mass.exact and not row.summed:  # a draw all the same
                 yield RowEnv(plan, dataclasses.replace(row, miss=True), None, regex, mass)
             # a search's max_nodes_per_row counts from the last row WHERE kept, not the last it found
             stats.row_at, stats.rows = kept_at, emitted
@@ -264,10 +266,10 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
         else:
             say(stop_warning(stop))
     if stats.floor is not None:
-        say(f"warning: probability() is at least {stats.floor:.4g} (the canonical tokenizations of the strings "
-            "drawn), above its estimate's interval: local draws over every tokenization kept to ones the model "
-            "seldom reads (on Gemma 3, its bare space token first) and missed those that carry the probability; "
-            "tokenization canonical measures the canonical ones exactly")
+        if floors is not None:
+            floors.append(stats.floor)
+        else:
+            say(floor_warning([stats.floor]))
     causes, partial = stats.no_row or stats.cut, bool(emitted) or mass is not None
     if mass is not None:  # probability() has its row; the rules' cuts are what it measures under
         causes = tuple(c for c in causes if c not in ("rules", "eos"))
@@ -386,6 +388,18 @@ def no_row_rows_note(items: List[Tuple[QueryPlan, Tuple[str, ...], bool, Optiona
             causes = tuple(c for c in NO_ROW if any(c in cs for _, cs in mine))
             parts.append(f"{len(mine):,} of {rows:,} data rows {words}: {_causes(mine[0][0], causes, short=True)}")
     return "note: " + "; ".join(parts)
+
+
+def floor_warning(floors: List[float], rows: Optional[int] = None) -> str:
+    """The warning of a local estimate over every tokenization that fell below its ``floors``
+    (``SearchStats.floor``): of one query, or of ``len(floors)`` of a dataset query's ``rows``."""
+    what = (f"probability() is at least {floors[0]:.4g} (the canonical tokenizations of the strings drawn)"
+            if rows is None else
+            f"in {len(floors):,} of {rows:,} data rows probability() is at least the canonical tokenizations of the "
+            f"strings drawn (up to {max(floors):.4g})")
+    return (f"warning: {what}, above its estimate's interval: local draws over every tokenization kept to ones the "
+            "model seldom reads (on Gemma 3, its bare space token first) and missed those that carry the "
+            "probability; tokenization canonical measures the canonical ones exactly")
 
 
 def stopped_rows_warning(stopped: List[Stop], rows: int) -> str:
@@ -621,7 +635,7 @@ class _Measured:
             first = where.setdefault((id(mass), row.tokens[:row.prefix_tokens]), (c, env))
             if first[0] != c:
                 raise self._not_the_prefixs(plan, first, (c, env))
-            if not mass.exact:
+            if not mass.exact and not row.summed:  # a draw
                 self.units[(id(mass), c)] = self.units.get((id(mass), c), 0) + 1
         exact = {id(m) for m in self.masses if m.exact}
         for (m, _), (c, _) in where.items():
@@ -636,7 +650,7 @@ class _Measured:
         found: Dict[int, list] = {}
         for env in rows:
             if getattr(env, "mass", None) is not None and env.row is not None:
-                found.setdefault(id(env.mass), []).append((env.row.prob, env.row.weight))
+                found.setdefault(id(env.mass), []).append((env.row.prob, env.row.weight, env.row.summed))
         return probability([(m, found.get(id(m), []), self.units.get((id(m), c), 0)) for m in self.masses])
 
     def _not_the_prefixs(self, plan: Plan, a: tuple, b: tuple) -> PlanError:
@@ -701,6 +715,7 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total,
         on_total(total)
     before_stops = len(stopped)
     empty: List[Tuple[QueryPlan, Tuple[str, ...], bool, Optional[int]]] = []
+    floors: List[float] = []
     for data in selected_rows(plan):
         if cancel is not None and cancel.is_set():
             raise Cancelled("the query was cancelled")
@@ -709,7 +724,7 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total,
         try:
             qplan = plan_row(plan, data)
             for env in query_rows(qplan, models, cancel, stopped=stopped, masses=masses, no_row=empty,
-                                  on_note=on_note):
+                                  on_note=on_note, floors=floors):
                 found = True
                 yield env
         except Error as e:
@@ -722,7 +737,9 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total,
         say(stopped_rows_warning(stopped[before_stops:], total))
     if empty:
         say(no_row_rows_note(empty, total))
+    if floors:
+        say(floor_warning(floors, total))
 
 
 __all__ = ["run", "query_rows", "in_data_row", "compile_plan", "load", "RowEnv", "match_regex", "stop_warning",
-           "stopped_rows_warning", "no_row_note", "no_row_rows_note", "say", "keeping"]
+           "stopped_rows_warning", "floor_warning", "no_row_note", "no_row_rows_note", "say", "keeping"]

@@ -12,7 +12,7 @@ from typing import List, Optional
 from .automata import TokenAutomaton
 from .automata.bytedfa import format_count
 from .engine import Models, compile_plan, load
-from .execute.measure import token_sequences
+from .execute.measure import canonical_part, token_sequences
 from .memory import format_size, shares
 from .models import LanguageModel
 from .plan import DatasetPlan, Plan, PlanError, QueryPlan, count_selected, plan_row, selected_rows
@@ -64,12 +64,16 @@ def _lines(plan: QueryPlan, automaton: TokenAutomaton, model: LanguageModel, dat
                          f"{t.confidence:.0%} intervals; at most {t.max_tokens} completion tokens")
         n = token_sequences(automaton, t)
         need = automaton.too_long(t.max_tokens) if n == 0 else None
+        prefixes = automaton.count_paths(automaton.start, t.max_prefix_tokens, prefix_only=True)
+        split = canonical_part(automaton, plan.decoding, t, prefixes) if n is None else None
         add("measure", f"exact: {n:,} token sequences" + (
             f" (each string takes at least {need:,} completion tokens, and max_tokens is {t.max_tokens:,})"
             if need else "") if n is not None else
-            f"estimate: more than {t.exact_limit:,} token sequences" if t.exact_limit else "estimate")
+            (f"estimate: more than {t.exact_limit:,} token sequences" if t.exact_limit else "estimate") + (
+                f"; their {split[1]:,} canonical tokenization{'s' if split[1] != 1 else ''} summed exactly, "
+                f"the other tokenizations from the draws" if split else ""))
         if plan.prefix:
-            n = automaton.count_paths(automaton.start, t.max_prefix_tokens, prefix_only=True)
+            n = prefixes
             add("prefixes", f"{format_count(n)} token path{'s' if n != 1 else ''}; "
                 + "probability() is the mean over them (per value of the GROUP BY keys that the prefix fixes), "
                   "not their sum")

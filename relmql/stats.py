@@ -100,26 +100,34 @@ def estimate_mean(hits: Sequence[float], draws: int, scale: float = 1.0, bounded
                     method="normal")
 
 
-def probability(parts: Sequence[Tuple[Any, Sequence[Tuple[float, float]], int]]) -> Estimate:
+def probability(parts: Sequence[Tuple[Any, Sequence[Tuple[float, float, bool]], int]]) -> Estimate:
     """The probability of a group of strings, from each measurement that can produce it: parts
     are (mass, rows, units), where ``mass`` (an ``execute.measure.Mass``) tells how the
-    measurement was made, ``rows`` are (prob, weight) of the group's rows in it, and ``units``
-    how many prefix token paths (exact) or draws (estimated) of the group's prefix class it has.
+    measurement was made, ``rows`` are (prob, weight, summed) of the group's rows in it, and
+    ``units`` how many prefix token paths (exact) or draws (estimated) of the group's prefix
+    class it has.
 
     Exact: Σ prob / units, the mean over the class's prefix paths of P(group | path). Sampled:
     the mean of the draws' weight · 1(draw in group) over the class's draws, with the interval of
     that mean (Wilson's when every weight is 1, else the normal approximation): given how many
     draws fell in the class, they are independent draws of a prefix path uniform over it, so
-    this is a conditional mean over ``units`` draws. Several measurements (a dataset's rows)
-    are averaged, their interval half-widths combined in quadrature."""
+    this is a conditional mean over ``units`` draws; plus Σ prob of the rows summed exactly
+    beside the draws (``summed``: one prefix path, whose draws never give those rows), which
+    shifts the interval and does not widen it. Several measurements (a dataset's rows) are
+    averaged, their interval half-widths combined in quadrature."""
     values = []
     for mass, rows, units in parts:
         if units <= 0:
             continue
         if mass.exact:
-            values.append(Estimate(min(1.0, math.fsum(p for p, _ in rows) / units), confidence=mass.confidence))
-        else:
-            values.append(estimate_mean([w for _, w in rows], units, 1.0, 1.0, mass.confidence, mass.binary))
+            values.append(Estimate(min(1.0, math.fsum(p for p, _, _ in rows) / units), confidence=mass.confidence))
+            continue
+        e = estimate_mean([w for _, w, summed in rows if not summed], units, 1.0, 1.0, mass.confidence, mass.binary)
+        known = math.fsum(p for p, _, summed in rows if summed)
+        if known:
+            e = Estimate(min(1.0, known + e), min(1.0, known + e.low), min(1.0, known + e.high), exact=False,
+                         draws=e.draws, confidence=e.confidence, method=e.method)
+        values.append(e)
     if len(values) == 1:
         return values[0]
     if not values:

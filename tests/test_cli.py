@@ -777,3 +777,14 @@ def test_an_empty_data_file_says_so(capsys, tmp_path):
     code, out, err = run(capsys, "-c", f"SELECT count(*) AS c MATCHING 'a' FOR EACH ROW IN '{data}';")
     assert code == 0 and jsonl(out) == [{"c": 0}]
     assert err == f"note: no data rows to run in {data}\n"
+
+
+def test_ray_flags_without_the_ray_engine_say_they_do_nothing_yet(capsys):
+    """--workers and --ray-address configure the Ray engine: given without it they would be
+    ignored in silence, so the run says so, and still runs (a script may SET engine = 'ray')."""
+    code, out, err = run(capsys, "--format", "jsonl", "--workers", "2", "-c", "SELECT text MATCHING 'z' LIMIT 1")
+    assert code == 0 and jsonl(out) == [{"text": "z"}]
+    assert err == ("note: --workers applies to the Ray engine (--engine ray, or SET engine = 'ray' in the script); "
+                   "until then queries run in this process\n")
+    code, out, err = run(capsys, "--format", "jsonl", "-c", "SELECT text MATCHING 'z' LIMIT 1")
+    assert code == 0 and err == ""

@@ -596,24 +596,90 @@ def test_chi2_matches_scipy_on_counts_and_on_probabilities():
     assert [type(v) for v in t3.a_values] == [int, bool]
 
 
-def test_an_estimate_below_its_strings_canonical_probability_is_warned_about(gemma, con):
+def test_an_estimate_over_every_tokenization_sums_its_canonical_part_exactly(gemma):
     """Gemma 3 gives its bare space token far more probability at the start than ' Hello', so
     local draws over every tokenization begin with it and miss the tokenization that carries the
-    probability: the estimate (which can only be larger than the canonical value) comes out six
-    orders smaller, with a narrow interval. The canonical tokenizations of the strings drawn
-    bound it from below, and the query says so; the bound equals the exact canonical value
-    (both strings were drawn). Where the estimate is sound (tiny-gpt2), nothing is said."""
+    probability: alone they estimated ' Hello' at 2.4e-13 against 4.7e-07. The canonical
+    tokenizations, few enough to sum, are summed exactly and only the others are drawn: the
+    estimate is then within 1e-3 of the exact value over all 233 tokenizations, and never below
+    the canonical value."""
+    import relmql
+    s = relmql.connect(model="gemma3-270m", dtype="float32")
+    s.models.put("gemma3-270m", "cpu", "float32", gemma)
+    p = "SELECT probability() AS p MATCHING ' Hello' USING "
+    ((canonical,),) = s.sql(p + "tokenization canonical").fetchall()
+    ((every,),) = s.sql(p + "tokenization all").fetchall()  # 233 token sequences: summed exactly
+    assert every.exact and every >= canonical * (1 - 1e-5)
+    q = p + "tokenization all, exact_limit 5, estimate_samples 200"
+    ((e,),) = s.sql(q).fetchall()
+    assert not e.exact and e.draws == 200 and e == pytest.approx(every, rel=1e-3)
+    assert e.low >= canonical * (1 - 1e-6)
+    (line,) = [r[0] for r in s.sql("EXPLAIN " + q).fetchall() if r[0].startswith("measure")]
+    assert "1 canonical tokenization summed exactly" in line
+    # per group: each string's canonical tokenization summed, its other tokenizations drawn
+    g = ("SELECT completion AS c, probability() AS p MATCHING ' Hello (world|there)' USING tokenization {}"
+         "estimate_samples 100 GROUP BY c")
+    exact = dict(s.sql(g.format("canonical, ")).fetchall())
+    drawn = dict(s.sql(g.format("all, ")).fetchall())
+    assert exact.keys() == drawn.keys() == {" Hello there", " Hello world"}
+    for c, v in drawn.items():
+        assert not v.exact and v.low >= exact[c] * (1 - 1e-6) and v == pytest.approx(exact[c], rel=1e-2)
+
+
+def test_a_summed_canonical_tokenization_that_another_tokenization_begins_is_left_out(tiny, con):
+    """A canonical tokenization whose own beginning spells a string of the language in another
+    tokenization is not an event over every tokenization: the generation began with that string
+    first. GPT-2 spells 'a\\n\\n1' as a, \\n, \\n, 1, and a, \\n, \\n already spells 'a\\n\\n' (whose
+    canonical tokenization is a, \\n\\n). Of the two canonical tokenizations only a, \\n\\n is summed,
+    as the exact measure over every tokenization counts it, and the estimate equals that
+    measure's value (the one other event is drawn with a constant weight)."""
+    from relmql.execute import measure
+    from relmql.records import Decoding, Measure
+    q = "SELECT probability() AS p MATCHING 'a\\n\\n1?' USING tokenization all"
+    spelt = [tuple(t) for (t,) in con.sql(q.replace("probability() AS p", "tokens")).fetchall()]
+    decode = tiny.vocabulary.decode
+    # the events: no shorter run of the tokens spells a string of the language (re.fullmatch)
+    exact_rows = {t for t in spelt if not any(re.fullmatch("a\n\n1?", decode(list(t[:k]))) for k in range(1, len(t)))}
+    ((every,),) = con.sql(q).fetchall()
+    assert every.exact
+    automaton = compile("a\n\n1?", tiny.vocabulary, None, CompileOptions(tokenization="all"))
+    mass, rows = measure(automaton, tiny, Decoding(), Measure(exact_limit=2, samples=50))
+    rows = list(rows)
+    summed = [r.tokens for r in rows if r.summed]
+    canonical = {tuple(tiny.vocabulary.encode(t)) for t in ("a\n\n", "a\n\n1")}
+    assert not mass.exact and summed == [(64, 628)] and set(summed) < canonical
+    assert (64, 198, 198, 16) in canonical and (64, 198, 198, 16) not in exact_rows
+    assert {r.tokens for r in rows if not r.summed and not r.miss} <= exact_rows - set(summed)
+    ((e,),) = con.sql(q + ", exact_limit 2, estimate_samples 50").fetchall()
+    assert not e.exact and e == pytest.approx(every, rel=1e-5)
+
+
+def test_an_estimate_below_its_strings_canonical_probability_is_warned_about(gemma, con, tmp_path):
+    """Where the canonical tokenizations are too many to sum (here exact_limit 1 against 2), the
+    local estimate stays the draws' alone, six orders below the canonical value with a narrow
+    interval. The canonical tokenizations of the strings drawn bound it from below, and the
+    query says so; the bound equals the exact canonical value (both strings were drawn). Where
+    the estimate is sound (tiny-gpt2), nothing is said."""
     import relmql
     s = relmql.connect(model="gemma3-270m", dtype="float32")
     s.models.put("gemma3-270m", "cpu", "float32", gemma)
     query = "SELECT probability() AS p MATCHING ' Hello (world|there)'"
     ((exact,),) = s.sql(query).fetchall()
-    r = s.sql(query + " USING tokenization all, estimate_samples 100")
+    r = s.sql(query + " USING tokenization all, estimate_samples 100, exact_limit 1")
     ((p,),) = r.fetchall()
     assert not p.exact and p.high < exact / 1000
     (warning,) = [n for n in r.notes if n.startswith("warning: probability() is at least")]
     floor = float(warning.split()[5])
     assert floor == pytest.approx(exact, rel=1e-3) and "tokenization canonical" in warning
+    # over a dataset, one warning for the data rows, with the largest bound
+    data = tmp_path / "words.jsonl"
+    data.write_text('{"m": " Hello (world|there)"}\n{"m": " Hi (world|there)"}\n')
+    r = s.sql(f"SELECT probability() AS p MATCHING :m USING tokenization all, estimate_samples 100, exact_limit 1 "
+              f"FOR EACH ROW IN '{data}'")
+    ((p,),) = r.fetchall()
+    (warning,) = [n for n in r.notes if "at least" in n]
+    assert warning.startswith("warning: in 2 of 2 data rows probability() is at least the canonical tokenizations")
+    assert float(re.search(r"\(up to (\S+)\)", warning).group(1)) >= floor * (1 - 1e-3)
     sound = con.sql("SELECT probability() AS p MATCHING 'The [a-z]{1,4} sat' PREFIX 'The' "
                     "USING tokenization all, estimate_samples 200")
     ((q,),) = sound.fetchall()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -131,6 +131,21 @@ class TokenAutomaton:
         self._bounds: Dict[int, Tuple[int, int]] = {}
         self._counts: Dict[Tuple[int, int, int], int] = {}
         self._too_long: Dict[int, Optional[int]] = {}  # max_tokens -> too_long(max_tokens)
+        self._twin: Optional[Tuple[Optional["TokenAutomaton"]]] = None  # canonical_twin(), once built
+
+    def canonical_twin(self) -> Optional["TokenAutomaton"]:
+        """This language with a canonical completion (the prefix tokenized as here): this automaton
+        where its completion is canonical already; None where canonical tokenization cannot be
+        compiled for it. Built once."""
+        if self.canonical[1]:
+            return self
+        if self._twin is None:
+            try:
+                twin = TokenAutomaton(self.language, self.vocabulary, "canonical", self.prefix_tokenization)
+            except CompileError:
+                twin = None
+            self._twin = (twin,)
+        return self._twin[0]
 
     def set_cache_budget(self, nbytes: int) -> None:
         """Keep at most about ``nbytes`` of cached transitions (least recently used are dropped
@@ -405,18 +420,27 @@ class TokenAutomaton:
     def accepts(self, tokens, prefix_len: Optional[int] = None) -> bool:
         """Whether a token sequence is in the automaton (with the first ``prefix_len`` tokens
         as prefix tokens, when given)."""
-        states = [(self.start, 0)]
-        for tok in tokens:
+        states = [self.start]
+        for states in self.runs(tokens, prefix_len):
+            if not states:
+                return False
+        return any(self.is_final(s) for s in states)
+
+    def runs(self, tokens, prefix_len: Optional[int] = None) -> Iterator[List[int]]:
+        """The states a token sequence can reach after each of its tokens (with the first
+        ``prefix_len`` tokens as prefix tokens, when given); stops after the first empty list."""
+        states = [self.start]
+        for k, tok in enumerate(tokens):
             nxt = []
-            for s, k in states:
+            for s in states:
                 arcs = self.arcs(s)
                 for i in np.flatnonzero(arcs.tokens == tok):
                     if prefix_len is None or bool(arcs.prefix[i]) == (k < prefix_len):
-                        nxt.append((int(arcs.targets[i]), k + 1))
+                        nxt.append(int(arcs.targets[i]))
             states = nxt
+            yield states
             if not states:
-                return False
-        return any(self.is_final(s) for s, _ in states)
+                return
 
     # -- region transitions
     def _dfa_arcs(self, q: int) -> Tuple[np.ndarray, np.ndarray]:

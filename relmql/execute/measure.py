@@ -21,6 +21,13 @@ each class, the rows of a measurement include rows that only count (``miss`` set
   w (or by rejection, w = 1); a draw that found no string is a miss. A class's value is the
   mean of w · 1(string in group) over the draws whose prefix is in the class.
 
+- estimate with its canonical part summed: local draws over every tokenization can miss the
+  tokenizations that carry the probability (Gemma 3 reads its bare space token first, then
+  spells the word in tokens it seldom reads). Where the canonical tokenizations are few (at
+  most ``exact_limit``), they are summed exactly (rows with ``summed`` set) and a draw that
+  gives one of them counts as a miss: the value is that sum plus the mean weight of the draws
+  that gave another tokenization, still unbiased, and the draws' error only that of the rest.
+
 A row that only counts carries, as its text, a string of the language after its prefix path
 (the one with the fewest edits, then the fewest bytes; found in the byte automaton, without the
 model), so that the GROUP BY keys can be evaluated on it.
@@ -50,7 +57,8 @@ class Mass:
     """How the rows of a measured language were found: ``exact`` (every token sequence, each
     row's ``prob`` counts once, and one row that only counts per prefix path) or from ``draws``
     independent samples, one row each, a hit standing for its ``weight`` (``binary``: every
-    weight is 1). ``prefixes``: the prefix's token paths."""
+    weight is 1), and beside them, where the canonical part is summed, rows with ``summed`` set
+    whose ``prob`` counts once. ``prefixes``: the prefix's token paths."""
 
     exact: bool
     draws: int = 0
@@ -90,24 +98,39 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
         mass = Mass(True, prefixes=prefixes, confidence=opts.confidence, sequences=n)
         return mass, _chain(prefix_rows(automaton, opts.max_prefix_tokens, reps),
                             shortest_path(automaton, model, rules, opts.exact(), cancel, stats))
+    split = canonical_part(automaton, rules, opts, prefixes)
+    twin = split[0] if split is not None else None
     mass = Mass(False, opts.samples, prefixes, opts.mode == "exact", opts.confidence)
     drawn = SampleStats()
     draws = sample(automaton, model, rules, opts.estimate(), cancel, drawn)
     # local draws over every tokenization can miss the few that carry the probability (Gemma 3
     # reads its bare space token first): the strings' canonical tokenizations bound it from below
-    check = (opts.mode == "local" and not automaton.canonical[1] and prefixes == 1 and not rules.describe())
+    check = (twin is None and opts.mode == "local" and not automaton.canonical[1] and prefixes == 1
+             and not rules.describe())
 
     def rows() -> Iterator[Row]:
+        cut = set()
+        head = set()
+        if twin is not None:
+            summed = SearchStats()
+            for r in shortest_path(twin, model, rules, opts.exact(), cancel, summed):
+                head.add(r.tokens)
+                if not _begins_earlier(automaton, r):
+                    yield dataclasses.replace(r, summed=True)
+            cut.update(summed.cut)
         hits, n, total, squares = [], 0, 0.0, 0.0
         for r in draws:
             n += 1
+            if not r.miss and r.tokens in head:
+                r = dataclasses.replace(r, miss=True)  # summed already
             if check and not r.miss:
                 total, squares = total + r.weight, squares + r.weight ** 2
                 if len(hits) < 4 * FLOOR_STRINGS:
                     hits.append(r)
             yield reps.row(r.tokens[:r.prefix_tokens], rank=r.rank) if r.miss else r
-        if stats is not None:  # the bounds that ended a draw where the language went on
-            stats.cut = tuple(c for c in NO_ROW if c in drawn.cut)
+        if stats is not None:  # the bounds that ended a draw (or the summed search) where the language went on
+            cut.update(drawn.cut)
+            stats.cut = tuple(c for c in NO_ROW if c in cut)
         if stats is not None and hits and n > 1:
             mean = total / n
             high = mean + 4 * math.sqrt(max(0.0, squares / n - mean ** 2) / (n - 1))
@@ -115,6 +138,28 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
             if floor > max(high, mean * 1.001):
                 stats.floor = floor
     return mass, rows()
+
+
+def canonical_part(automaton: TokenAutomaton, rules: Decoding, opts: Measure, prefixes: int
+                   ) -> Optional[Tuple[TokenAutomaton, int]]:
+    """Where an estimate over every tokenization (local draws, one prefix path, no decoding
+    rules) sums its canonical tokenizations exactly: the automaton of those and how many token
+    sequences it has (at most ``exact_limit``, at least one); None elsewhere."""
+    if opts.mode != "local" or automaton.canonical[1] or prefixes != 1 or rules.describe():
+        return None
+    twin = automaton.canonical_twin()
+    n = token_sequences(twin, opts) if twin is not None else None
+    return (twin, n) if n else None
+
+
+def _begins_earlier(automaton: TokenAutomaton, row: Row) -> bool:
+    """Whether a shorter run of ``row``'s tokens already spells a string of the language, in some
+    tokenization: the generation then begins with that string first (first_match), and ``row``
+    is not one of the events an estimate over every tokenization measures."""
+    for k, states in enumerate(automaton.runs(row.tokens[:-1], row.prefix_tokens), 1):
+        if k > row.prefix_tokens and any(automaton.is_final(s) for s in states):
+            return True
+    return False
 
 
 FLOOR_STRINGS = 32  # distinct strings drawn whose canonical tokenizations bound an estimate from below

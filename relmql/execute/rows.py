@@ -32,6 +32,7 @@ class Row:
     weight: float = 1.0
     prefix_tokens: int = field(default=0, compare=False)
     miss: bool = field(default=False, compare=False)  # a draw that did not give a string of the language
+    summed: bool = field(default=False, compare=False)  # of an estimate's part summed exactly, not a draw
 
     @property
     def prob(self) -> float:
