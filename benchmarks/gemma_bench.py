@@ -47,6 +47,7 @@ TRUE_DATE = GW_PREFIX + " February 22, 1732"
 TRUE_QUERY = f"SELECT probability() AS p MATCHING '{TRUE_DATE}' PREFIX '{GW_PREFIX}' USING <mode>"
 
 MODES = {"canonical": "", "all": ", tokenization all"}
+FLOAT_TOLERANCE = 1e-5  # relative: float32 sums of probabilities against direct scoring (as the exact sums agree)
 
 
 def fill(template: str, **parts: str) -> str:
@@ -113,9 +114,13 @@ def _check_probabilities(rows: List[dict], by: tuple, reference: Dict[tuple, flo
     of exact sums, and how many estimates' intervals hold the exact value."""
     got = {tuple(r[k] for k in by): r["p"] for r in rows}
     exact = [abs(got[g] - v) / v for g, v in reference.items() if got[g].exact]
-    estimated = [got[g].low <= v <= got[g].high for g, v in reference.items() if not got[g].exact]
+    # an estimate whose canonical part is summed exactly carries float32's rounding in that sum (as
+    # the exact sums do), which an interval of the draws alone does not: it holds the value within it
+    estimated = [got[g].low * (1 - FLOAT_TOLERANCE) <= v <= got[g].high * (1 + FLOAT_TOLERANCE)
+                 for g, v in reference.items() if not got[g].exact]
     return {"checked": len(reference), "groups": len(rows), "max_rel_error": max(exact) if exact else None,
             "estimates": len(estimated), "covered": sum(estimated)}
+
 
 
 def run() -> Dict:
@@ -208,7 +213,8 @@ def tables(r: Dict) -> str:
             if v["max_rel_error"] is not None:
                 parts.append(f"exact sums: max relative difference {v['max_rel_error']:.1e}")
             if v["estimates"]:
-                parts.append(f"estimated: {v['covered']} of {v['estimates']} 95% intervals hold the exact sum")
+                parts.append(f"estimated: {v['covered']} of {v['estimates']} 95% intervals hold the exact sum "
+                             f"(within {FLOAT_TOLERANCE:.0e})")
             some = "" if v["checked"] == v["groups"] else f" ({v['checked']} of {v['groups']} groups checked)"
             return "; ".join(parts) + some
         if "canonical_p" in v:
@@ -235,7 +241,7 @@ def tables(r: Dict) -> str:
     lines.append(f"| true date probability() | all | {v['seconds']:.1f} s | {result(v)} | {check(v)} |")
     v = r["prefix all, prob"]
     lines.append(f"| dates top 10, ORDER BY prob | all, prefix all | {v['seconds']:.2f} s | refused: "
-                 f"{v['message'][:110]}… | |")
+                 f"{v['message']} | |")
     v = r["prefix all, total_prob"]
     lines.append(f"| dates top 10, ORDER BY total_prob | all, prefix all | {v['seconds']:.1f} s | {result(v)} | "
                  f"{check(v)} |")
