@@ -680,6 +680,22 @@ def test_an_estimate_below_its_strings_canonical_probability_is_warned_about(gem
     (warning,) = [n for n in r.notes if "at least" in n]
     assert warning.startswith("warning: in 2 of 2 data rows probability() is at least the canonical tokenizations")
     assert float(re.search(r"\(up to (\S+)\)", warning).group(1)) >= floor * (1 - 1e-3)
+    # a Ray worker sends the bound with the plan's last piece, for the engine to say once
+    import torch
+
+    from relmql.cluster.worker import Worker
+    from relmql.plan import plan
+    from relmql.syntax import parse
+    text = query + " USING tokenization all, estimate_samples 100, exact_limit 1"
+    threads = torch.get_num_threads()
+    try:
+        worker = Worker(threads=threads)
+        worker.models.put("gemma3-270m", "cpu", "float32", gemma)
+        pieces = list(worker.run(1, [(plan(parse(text)[0], text, s.settings), 0)]))
+    finally:
+        torch.set_num_threads(threads)
+    assert pieces[-1].done and pieces[-1].floor == pytest.approx(floor, rel=1e-3)
+    assert not any("at least" in piece.warnings for piece in pieces)
     sound = con.sql("SELECT probability() AS p MATCHING 'The [a-z]{1,4} sat' PREFIX 'The' "
                     "USING tokenization all, estimate_samples 200")
     ((q,),) = sound.fetchall()

@@ -203,13 +203,13 @@ class Statement:
     def rows(self, cancel: Optional[threading.Event], progress: Optional[Callable[[int], None]],
              on_total: Optional[Callable[..., None]], masses: list, stops: list,
              on_note: Optional[Callable[[str], None]] = None) -> Iterator:
-        from ..engine import (RowEnv, in_data_row, match_regex, no_row_note, no_row_rows_note, say, stop_warning,
-                              stopped_rows_warning)
+        from ..engine import (RowEnv, floor_warning, in_data_row, match_regex, no_row_note, no_row_rows_note, say,
+                              stop_warning, stopped_rows_warning)
         job = self._make()
         dataset = isinstance(self.plan, DatasetPlan)
         if on_total is not None and dataset:
             on_total(len(self.selected))
-        stopped, empty = [], []
+        stopped, empty, floors = [], [], []
         measured = set()
         current = regex = None
         for unit, rows, warnings, note, finished in job.read(cancel):
@@ -234,6 +234,10 @@ class Statement:
                 raise unit.error
             if dataset and unit.received == 0 and unit.mass is None:
                 yield RowEnv(unit.plan, None, None, regex)  # the row still counts, as in-process
+            if unit.floor is not None:
+                floors.append(unit.floor)
+                if not dataset:
+                    say(floor_warning([unit.floor]))
             if unit.no_row:  # the note before the stop's warning, as in process
                 partial = unit.received > 0 or unit.mass is not None
                 empty.append((unit.plan, unit.no_row, partial, unit.fewest))
@@ -251,6 +255,8 @@ class Statement:
             say(stopped_rows_warning(stopped, len(self.selected)))
         if empty and dataset:
             say(no_row_rows_note(empty, len(self.selected)))
+        if floors and dataset:
+            say(floor_warning(floors, len(self.selected)))
 
 
 __all__ = ["Cluster", "Statement", "require_ray", "cpu_share", "INSTALL"]

@@ -38,6 +38,7 @@ class Unit:
     stop: Optional[Stop] = None
     no_row: Tuple[str, ...] = ()  # why the search found no row, or what cut it short (SearchStats.no_row, .cut)
     fewest: Optional[int] = None  # the tokens each string takes at least, where none fits (SearchStats.fewest)
+    floor: Optional[float] = None  # an estimate's canonical floor, where it fell below (SearchStats.floor)
     warnings: str = ""  # received, not yet shown
     note: Optional[str] = None  # the plan's progress note, received and not yet shown
     error: Optional[BaseException] = None
@@ -215,7 +216,7 @@ class Pool:
             unit.mass = piece.mass
         if piece.done:
             unit.done, unit.stop, unit.error, unit.no_row = True, piece.stop, piece.error, piece.no_row
-            unit.fewest = piece.fewest
+            unit.fewest, unit.floor = piece.fewest, piece.floor
 
     def _fail(self, call: _Call, error: BaseException) -> None:
         for u in call.units:

@@ -35,7 +35,8 @@ class Piece:
     plan, with the ``Stop`` of a search that a bound ended and the ``Error`` it raised, if any;
     ``no_row``: why the search found no row (``SearchStats.no_row``), if it found none for a reason
     worth a note, or which bounds cut short a language it exhausted (``SearchStats.cut``), and
-    ``fewest`` (``SearchStats.fewest``);
+    ``fewest`` (``SearchStats.fewest``); ``floor``: where a local estimate fell below it, its
+    canonical floor (``SearchStats.floor``);
     ``note``: the plan's progress note when it changed ("compiling the automaton", how many nodes
     the search for the next row has expanded; "" once over), else None."""
 
@@ -46,6 +47,7 @@ class Piece:
     stop: Optional[Stop] = None
     no_row: Tuple[str, ...] = ()
     fewest: Optional[int] = None
+    floor: Optional[float] = None
     warnings: str = ""
     error: Optional[Error] = None
     note: Optional[str] = None
@@ -86,10 +88,11 @@ class Worker:
         masses: list = []
         stopped: list = []
         empty: list = []
+        floors: list = []
         notes = ["", ""]  # the latest note, the one last sent
         seen, sent_mass, last = 0, False, time.monotonic()
         rows = query_rows(plan, self.models, cancel, stopped=stopped, masses=masses, no_row=empty,
-                          on_note=lambda text: notes.__setitem__(0, text))
+                          on_note=lambda text: notes.__setitem__(0, text), floors=floors)
 
         def step():
             with contextlib.redirect_stderr(err):
@@ -138,6 +141,7 @@ class Worker:
                 concurrent.futures.wait([running])
         piece.done, piece.stop = True, (stopped[0] if stopped else None)
         piece.no_row, piece.fewest = (empty[0][1], empty[0][3]) if empty else ((), None)
+        piece.floor = floors[0] if floors else None
         if masses and not sent_mass:
             piece.mass = masses[0]
         yield sent(piece)
