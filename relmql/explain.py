@@ -70,8 +70,11 @@ def _lines(plan: QueryPlan, automaton: TokenAutomaton, model: LanguageModel, dat
             f" (each string takes at least {need:,} completion tokens, and max_tokens is {t.max_tokens:,})"
             if need else "") if n is not None else
             (f"estimate: more than {t.exact_limit:,} token sequences" if t.exact_limit else "estimate") + (
+                "" if not split else
                 f"; their {split[1]:,} canonical tokenization{'s' if split[1] != 1 else ''} summed exactly, "
-                f"the other tokenizations from the draws" if split else ""))
+                f"the other tokenizations from the draws" if split[1] is not None else
+                "; half the draws follow the canonical tokenizations (more than exact_limit), half every "
+                "tokenization, each weighted for the mixture"))
         if plan.prefix:
             n = prefixes
             add("prefixes", f"{format_count(n)} token path{'s' if n != 1 else ''}; "

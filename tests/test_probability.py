@@ -389,6 +389,26 @@ def test_interval_coverage_over_seeds(con):
     assert np.mean(ests) == pytest.approx(exact, rel=0.05)  # unbiased: the mean of 40 is close
 
 
+def test_draws_that_follow_the_canonical_tokenizations_half_the_time_stay_unbiased(con):
+    """Over every tokenization with more canonical tokenizations than exact_limit (0 here), half
+    the draws follow the canonical ones and each weighs P(x) / (the mixture's probability of x):
+    the 95% intervals cover the exact value (every tokenization summed) at about that rate over
+    30 seeds, and their mean is close to it. A language in which a canonical tokenization's
+    beginning spells a shorter string in another tokenization ('a\\n\\n1?': a, \\n, \\n) too."""
+    for base in ("SELECT probability() MATCHING 'The cat (sat|ran) (down|up)' PREFIX 'The cat' "
+                 "USING tokenization all",
+                 "SELECT probability() MATCHING 'a\\n\\n1?' USING tokenization all"):
+        exact = con.sql(base).fetchone()[0]
+        assert exact.exact
+        explain = con.sql("EXPLAIN " + base + ", exact_limit 0").fetchall()
+        (line,) = [r[0] for r in explain if r[0].startswith("measure")]
+        assert "half the draws follow the canonical tokenizations" in line
+        ests = [con.sql(base + f", exact_limit 0, seed {s}, estimate_samples 100").fetchone()[0] for s in range(30)]
+        covered = sum(e.low <= exact <= e.high for e in ests)
+        assert covered >= 24, covered  # fewer would have probability 0.06% at 95%
+        assert np.mean(ests) == pytest.approx(exact, rel=0.05)
+
+
 def test_rejection_estimates_are_binomial_with_wilson_intervals(con):
     base = "SELECT probability(), count(*) MATCHING '[a-z]{1,2}'"
     exact = con.sql(base).fetchone()[0]
@@ -616,6 +636,9 @@ def test_an_estimate_over_every_tokenization_sums_its_canonical_part_exactly(gem
     assert e.low >= canonical * (1 - 1e-6)
     (line,) = [r[0] for r in s.sql("EXPLAIN " + q).fetchall() if r[0].startswith("measure")]
     assert "1 canonical tokenization summed exactly" in line
+    # exact_limit 0: nothing summed, but half the draws follow the canonical tokenizations
+    ((m,),) = s.sql(p + "tokenization all, exact_limit 0, estimate_samples 200").fetchall()
+    assert not m.exact and m.low <= every <= m.high and m == pytest.approx(every, rel=0.15)
     # per group: each string's canonical tokenization summed, its other tokenizations drawn
     g = ("SELECT completion AS c, probability() AS p MATCHING ' Hello (world|there)' USING tokenization {}"
          "estimate_samples 100 GROUP BY c")
@@ -654,13 +677,16 @@ def test_a_summed_canonical_tokenization_that_another_tokenization_begins_is_lef
     assert not e.exact and e == pytest.approx(every, rel=1e-5)
 
 
-def test_an_estimate_below_its_strings_canonical_probability_is_warned_about(gemma, con, tmp_path):
-    """Where the canonical tokenizations are too many to sum (here exact_limit 1 against 2), the
-    local estimate stays the draws' alone, six orders below the canonical value with a narrow
-    interval. The canonical tokenizations of the strings drawn bound it from below, and the
-    query says so; the bound equals the exact canonical value (both strings were drawn). Where
-    the estimate is sound (tiny-gpt2), nothing is said."""
+def test_an_estimate_below_its_strings_canonical_probability_is_warned_about(gemma, con, tmp_path, monkeypatch):
+    """Local draws over every tokenization alone (as where the language's canonical automaton
+    cannot be compiled; here it is left out) come out six orders below the canonical value on
+    Gemma 3, with a narrow interval. The canonical
+    tokenizations of the strings drawn bound such an estimate from below, and the query says so;
+    the bound equals the exact canonical value (both strings were drawn). Where the estimate is
+    sound (tiny-gpt2), nothing is said."""
     import relmql
+    import importlib
+    monkeypatch.setattr(importlib.import_module("relmql.execute.measure"), "canonical_part", lambda *args: None)
     s = relmql.connect(model="gemma3-270m", dtype="float32")
     s.models.put("gemma3-270m", "cpu", "float32", gemma)
     query = "SELECT probability() AS p MATCHING ' Hello (world|there)'"

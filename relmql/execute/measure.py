@@ -27,6 +27,7 @@ each class, the rows of a measurement include rows that only count (``miss`` set
   most ``exact_limit``), they are summed exactly (rows with ``summed`` set) and a draw that
   gives one of them counts as a miss: the value is that sum plus the mean weight of the draws
   that gave another tokenization, still unbiased, and the draws' error only that of the rest.
+  Where they are more, half the draws follow them instead (``sampling.Sampler``'s twin).
 
 A row that only counts carries, as its text, a string of the language after its prefix path
 (the one with the fewest edits, then the fewest bytes; found in the byte automaton, without the
@@ -99,10 +100,11 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
         return mass, _chain(prefix_rows(automaton, opts.max_prefix_tokens, reps),
                             shortest_path(automaton, model, rules, opts.exact(), cancel, stats))
     split = canonical_part(automaton, rules, opts, prefixes)
-    twin = split[0] if split is not None else None
+    twin = split[0] if split is not None and split[1] is not None else None  # summed
     mass = Mass(False, opts.samples, prefixes, opts.mode == "exact", opts.confidence)
     drawn = SampleStats()
-    draws = sample(automaton, model, rules, opts.estimate(), cancel, drawn)
+    draws = sample(automaton, model, rules, opts.estimate(), cancel, drawn,
+                   twin=split[0] if split is not None and twin is None else None)
     # local draws over every tokenization can miss the few that carry the probability (Gemma 3
     # reads its bare space token first): the strings' canonical tokenizations bound it from below
     check = (twin is None and opts.mode == "local" and not automaton.canonical[1] and prefixes == 1
@@ -141,15 +143,19 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
 
 
 def canonical_part(automaton: TokenAutomaton, rules: Decoding, opts: Measure, prefixes: int
-                   ) -> Optional[Tuple[TokenAutomaton, int]]:
+                   ) -> Optional[Tuple[TokenAutomaton, Optional[int]]]:
     """Where an estimate over every tokenization (local draws, one prefix path, no decoding
-    rules) sums its canonical tokenizations exactly: the automaton of those and how many token
-    sequences it has (at most ``exact_limit``, at least one); None elsewhere."""
+    rules) treats its canonical tokenizations apart: their automaton, and how many token
+    sequences it has where they are summed exactly (at most ``exact_limit``), or None where
+    they are more and half the draws follow them instead (``sampling.Sampler``'s twin). None
+    elsewhere, and where no canonical tokenization fits in max_tokens."""
     if opts.mode != "local" or automaton.canonical[1] or prefixes != 1 or rules.describe():
         return None
     twin = automaton.canonical_twin()
-    n = token_sequences(twin, opts) if twin is not None else None
-    return (twin, n) if n else None
+    if twin is None:
+        return None
+    n = token_sequences(twin, opts)
+    return None if n == 0 else (twin, n)
 
 
 def _begins_earlier(automaton: TokenAutomaton, row: Row) -> bool:

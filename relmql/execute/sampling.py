@@ -77,6 +77,9 @@ class _Walker:
     cond: float = 0.0
     weight: float = 1.0
     dead_ends: int = 0  # in a row, from this prefix
+    canonical: bool = False  # this draw follows the canonical tokenizations (``Sampler.twin``)
+    twin_node: Optional[int] = None  # the twin's state after the same tokens (None: it has left the twin)
+    twin_weight: float = 1.0  # the product of the twin's normalizers (0 once it has left the twin)
 
 
 DEAD_ENDS = 64  # dead ends in a row after which local sampling gives up on a prefix
@@ -120,20 +123,35 @@ def draw_prefix(automaton: TokenAutomaton, rng: random.Random, max_tokens: int) 
 
 
 def sample(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opts: Sample,
-           cancel: Optional[threading.Event] = None, stats: Optional[SampleStats] = None) -> Iterator[Row]:
-    """``opts.n`` rows in sample order (row i is sample i), reproducible for ``opts.seed``."""
-    yield from Sampler(automaton, model, rules, opts, stats).rows(cancel)
+           cancel: Optional[threading.Event] = None, stats: Optional[SampleStats] = None,
+           twin: Optional[TokenAutomaton] = None) -> Iterator[Row]:
+    """``opts.n`` rows in sample order (row i is sample i), reproducible for ``opts.seed``.
+    ``twin``: see ``Sampler``."""
+    yield from Sampler(automaton, model, rules, opts, stats, twin).rows(cancel)
+
+
+TWIN_SHARE = 0.5  # of local draws with a twin, those that follow its canonical tokenizations
 
 
 class Sampler:
     """One sampling run and its state: the walkers ``active`` (drawing a completion token by
     token) and ``waiting`` (for their prefix's model state), the finished rows ``done`` until
     their turn (``next_out``), and the model states cached for ``prefixes`` and for the
-    completions already ``seen`` (at most ``cached_states`` each)."""
+    completions already ``seen`` (at most ``cached_states`` each).
+
+    ``twin`` (local draws over every tokenization, without the end-of-text rule): the same
+    language's canonical automaton. A draw then follows it with probability ``TWIN_SHARE`` (its
+    tokens drawn among those the twin allows, renormalized), else the whole automaton, and its
+    weight is P(x) / (the mixture's probability of drawing x): unbiased as before, and no longer
+    blind to the canonical tokenizations where the model's likeliest allowed tokens lead
+    elsewhere (Gemma 3's bare space token). A draw still ends where the whole automaton's
+    language does (first_match), and one that the twin cannot go on from misses."""
 
     def __init__(self, automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opts: Sample,
-                 stats: Optional[SampleStats] = None):
+                 stats: Optional[SampleStats] = None, twin: Optional[TokenAutomaton] = None):
         self.automaton, self.model = automaton, model
+        self.twin = twin if twin is not None and opts.mode == "local" and not rules.eos else None
+        self._twin_starts: Dict[Tuple[int, ...], Optional[int]] = {}  # prefix path -> the twin's state after it
         self.context = getattr(model, "max_length", None) or sys.maxsize  # tokens the model reads at most
         self.rules, self.opts = rules.check(), opts.check()
         cap = batch_limit(self.rules, len(model.vocabulary), self.opts.max_memory)
@@ -223,7 +241,21 @@ class Sampler:
     def restart(self, w: _Walker) -> None:
         """Start a walker's completion again, after its prefix (a new draw)."""
         w.state, w.node, w.tokens, w.cond, w.weight = w.start_state, w.start_node, [], 0.0, 1.0
+        if self.twin is not None:
+            w.canonical = w.rng.random() < TWIN_SHARE
+            w.twin_node, w.twin_weight = self._twin_start(w.prefix), 1.0
         self.stats.draws += 1
+
+    def _twin_start(self, prefix: Tuple[int, ...]) -> Optional[int]:
+        got = self._twin_starts.get(prefix, -1)
+        if got == -1:
+            got = None
+            for states in self.twin.runs(prefix, len(prefix)):
+                got = states[0] if states else None
+            if not prefix:
+                got = self.twin.start
+            self._twin_starts[prefix] = got
+        return got
 
     def walk(self, w: _Walker) -> bool:
         """Draw until the walker takes a token (True), or its sample ends, misses, or waits for
@@ -331,8 +363,11 @@ class Sampler:
         self.finished += 1
         cond = w.cond + (eos_lp if self.rules.eos else 0.0)
         toks = list(w.prefix) + w.tokens
+        weight = w.weight
+        if self.twin is not None:  # P(x) / (the mixture's probability of x): 1 / Σ share / (P(x) / q(x))
+            weight = 1.0 / ((1 - TWIN_SHARE) / w.weight + (TWIN_SHARE / w.twin_weight if w.twin_weight > 0 else 0.0))
         self.done[w.index] = make_row(self.model.vocabulary, toks, len(w.prefix), cond, w.pre_raw + cond, edits,
-                                      w.index + 1, 1.0 if self.exact else w.weight)
+                                      w.index + 1, 1.0 if self.exact else weight)
 
     def rule_scores(self, st: ModelState) -> RuleScores:
         """The decoding rules on a state's distribution (cached on the state)."""
@@ -396,7 +431,12 @@ class Sampler:
                     return "reject", True  # a dead end
                 p = np.exp(options - top)
                 z, scale = p.sum(), math.exp(top)
-            k = min(int(np.searchsorted(np.cumsum(p), rng.random() * z, side="right")), len(p) - 1)
+            if self.twin is not None and len(p) == len(toks):
+                k = self._twin_step(w, toks, p, scale)
+                if k < 0:
+                    return "reject", True  # the twin cannot go on from here: this canonical draw misses
+            else:
+                k = min(int(np.searchsorted(np.cumsum(p), rng.random() * z, side="right")), len(p) - 1)
             w.weight *= z * scale
             if can_end and k == len(lps):
                 self.finish(w, edits, float(options[-1]))
@@ -409,6 +449,33 @@ class Sampler:
             self.finish(w, automaton.final_edits(w.node))
             return "end", None
         return "token", int(t)
+
+    def _twin_step(self, w: _Walker, toks: np.ndarray, p: np.ndarray, scale: float) -> int:
+        """A local step with a twin: the index of the token drawn among ``toks`` (probabilities
+        ``p`` · ``scale``), from all of them or, for a canonical draw, from those the twin allows;
+        -1 where a canonical draw finds none. Moves the twin's state and its weight along."""
+        allowed = np.zeros(len(toks), bool)
+        targets = np.full(len(toks), -1, np.int64)
+        if w.twin_node is not None:
+            arcs = self.twin.arcs(w.twin_node)
+            comp = ~arcs.prefix
+            order = np.argsort(arcs.tokens[comp], kind="stable")
+            ttoks, ttgts = arcs.tokens[comp][order], arcs.targets[comp][order]
+            if len(ttoks):
+                at = np.minimum(np.searchsorted(ttoks, toks), len(ttoks) - 1)
+                allowed = ttoks[at] == toks
+                targets[allowed] = ttgts[at][allowed]
+        zc = float(p[allowed].sum())
+        pick = np.where(allowed, p, 0.0) if w.canonical else p
+        total = zc if w.canonical else float(p.sum())
+        if not total > 0:
+            return -1
+        k = min(int(np.searchsorted(np.cumsum(pick), w.rng.random() * total, side="right")), len(p) - 1)
+        if allowed[k]:
+            w.twin_node, w.twin_weight = int(targets[k]), w.twin_weight * zc * scale
+        else:
+            w.twin_node, w.twin_weight = None, 0.0
+        return k
 
     def _final_at(self, states: np.ndarray) -> np.ndarray:
         """Whether a string of the language may end at each of ``states`` (remembered: a draw at
