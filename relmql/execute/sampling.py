@@ -364,8 +364,8 @@ class Sampler:
         cond = w.cond + (eos_lp if self.rules.eos else 0.0)
         toks = list(w.prefix) + w.tokens
         weight = w.weight
-        if self.twin is not None:  # P(x) / (the mixture's probability of x): 1 / Σ share / (P(x) / q(x))
-            weight = 1.0 / ((1 - TWIN_SHARE) / w.weight + (TWIN_SHARE / w.twin_weight if w.twin_weight > 0 else 0.0))
+        if self.twin is not None and weight > 0:  # P(x) / (the mixture's probability of x): 1 / Σ share / (P(x) / q(x))
+            weight = 1.0 / ((1 - TWIN_SHARE) / weight + (TWIN_SHARE / w.twin_weight if w.twin_weight > 0 else 0.0))
         self.done[w.index] = make_row(self.model.vocabulary, toks, len(w.prefix), cond, w.pre_raw + cond, edits,
                                       w.index + 1, 1.0 if self.exact else weight)
 
