@@ -48,7 +48,14 @@ class Estimate(float):
     def __repr__(self) -> str:
         if self.exact:
             return f"{float(self):.6g}"
-        return f"{float(self):.4g} [{self.low:.4g}, {self.high:.4g}]"
+        return self.text(4)
+
+    def text(self, digits: int = 3) -> str:
+        """The value and its interval, the ends to ``digits`` significant digits or as many more
+        as tell them apart (a narrow interval would print as no width), the value to one more."""
+        while digits < 12 and self.low < self.high and f"{self.low:.{digits}g}" == f"{self.high:.{digits}g}":
+            digits += 1
+        return f"{float(self):.{max(4, digits + 1)}g} [{self.low:.{digits}g}, {self.high:.{digits}g}]"
 
     def __reduce__(self):
         return (Estimate, (float(self), self.low, self.high, self.exact, self.draws, self.confidence, self.method))

@@ -636,6 +636,13 @@ def test_an_estimate_over_every_tokenization_sums_its_canonical_part_exactly(gem
     assert e.low >= canonical * (1 - 1e-6)
     (line,) = [r[0] for r in s.sql("EXPLAIN " + q).fetchall() if r[0].startswith("measure")]
     assert "1 canonical tokenization summed exactly" in line
+    # with eos (a string, then the end of text) as well
+    e = "SELECT probability() AS p MATCHING ' Hello' USING tokenization all, eos"
+    ((every_eos,),) = s.sql(e).fetchall()
+    ((canonical_eos,),) = s.sql(e.replace("all", "canonical")).fetchall()
+    ((v,),) = s.sql(e + ", exact_limit 5, estimate_samples 200").fetchall()
+    assert every_eos.exact and not v.exact and v.low >= canonical_eos * (1 - 1e-6)
+    assert v == pytest.approx(every_eos, rel=2e-2)
     # exact_limit 0: nothing summed, but half the draws follow the canonical tokenizations
     ((m,),) = s.sql(p + "tokenization all, exact_limit 0, estimate_samples 200").fetchall()
     assert not m.exact and m.low <= every <= m.high and m == pytest.approx(every, rel=0.15)
@@ -939,3 +946,17 @@ def test_shell_shows_estimates_and_the_test(con, tmp_path, monkeypatch):
     assert re.search(r"χ² test of independence of gender and field: χ² = [0-9.]+, dof = 2, p = ", screen)
     assert "probability() estimated from 40 draws" in screen
     assert "TEST compares output columns; nope is not one" in screen and "^^^^" in screen
+
+
+def test_a_narrow_interval_prints_with_the_digits_that_tell_its_ends_apart():
+    """Three digits made [4.69624e-07, 4.69834e-07] print as [4.7e-07, 4.7e-07], which reads as
+    no width and puts the value outside its own interval; the ends take the digits they need."""
+    from relmql.output.format import format_value
+    narrow = Estimate(4.6970e-07, 4.69624e-07, 4.69834e-07, exact=False, draws=1000)
+    assert format_value(narrow) == "4.697e-07 [4.696e-07, 4.698e-07]"
+    assert repr(narrow) == "4.697e-07 [4.696e-07, 4.698e-07]"
+    assert format_value(Estimate(0.5654, 0.563, 0.568, exact=False)) == "0.5654 [0.563, 0.568]"
+    assert format_value(Estimate(3.507e-12, 3.507e-12, 3.507e-12, exact=False)) == "3.507e-12 [3.51e-12, 3.51e-12]"
+    ends = Estimate(1.0, 1.0 - 1e-10, 1.0 + 1e-10, exact=False)
+    low, high = format_value(ends).split("[")[1].rstrip("]").split(", ")
+    assert float(low) < float(high)

@@ -117,7 +117,7 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
             summed = SearchStats()
             for r in shortest_path(twin, model, rules, opts.exact(), cancel, summed):
                 head.add(r.tokens)
-                if not _begins_earlier(automaton, r):
+                if rules.eos or not _begins_earlier(automaton, r):  # (with eos, no string ends another's event)
                     yield dataclasses.replace(r, summed=True)
             cut.update(summed.cut)
         hits, n, total, squares = [], 0, 0.0, 0.0
@@ -145,11 +145,11 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
 def canonical_part(automaton: TokenAutomaton, rules: Decoding, opts: Measure, prefixes: int
                    ) -> Optional[Tuple[TokenAutomaton, Optional[int]]]:
     """Where an estimate over every tokenization (local draws, one prefix path, no decoding
-    rules) treats its canonical tokenizations apart: their automaton, and how many token
+    rules but ``eos``) treats its canonical tokenizations apart: their automaton, and how many token
     sequences it has where they are summed exactly (at most ``exact_limit``), or None where
     they are more and half the draws follow them instead (``sampling.Sampler``'s twin). None
     elsewhere, and where no canonical tokenization fits in max_tokens."""
-    if opts.mode != "local" or automaton.canonical[1] or prefixes != 1 or rules.describe():
+    if opts.mode != "local" or automaton.canonical[1] or prefixes != 1 or not rules.plain:
         return None
     twin = automaton.canonical_twin()
     if twin is None:

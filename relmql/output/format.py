@@ -36,7 +36,7 @@ def format_value(v, width: Optional[int] = None) -> str:
     elif isinstance(v, bool):
         text = "true" if v else "false"
     elif isinstance(v, float) and getattr(v, "exact", True) is False:  # an estimate, with its interval
-        text = f"{v:.4g} [{v.low:.3g}, {v.high:.3g}]"
+        text = v.text()
     elif isinstance(v, float):
         text = f"{v:.6g}"
     elif isinstance(v, (list, tuple)):
