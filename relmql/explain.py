@@ -12,7 +12,7 @@ from typing import List, Optional
 from .automata import TokenAutomaton
 from .automata.bytedfa import format_count
 from .engine import Models, compile_plan, load
-from .execute.measure import canonical_part, token_sequences
+from .execute.measure import canonical_part, not_apart, token_sequences
 from .memory import format_size, shares
 from .models import LanguageModel
 from .plan import DatasetPlan, Plan, PlanError, QueryPlan, count_selected, plan_row, selected_rows
@@ -70,7 +70,8 @@ def _lines(plan: QueryPlan, automaton: TokenAutomaton, model: LanguageModel, dat
             f" (each string takes at least {need:,} completion tokens, and max_tokens is {t.max_tokens:,})"
             if need else "") if n is not None else
             (f"estimate: more than {t.exact_limit:,} token sequences" if t.exact_limit else "estimate") + (
-                "" if not split else
+                (f"; the draws alone (the canonical tokenizations not treated apart: {why})" if (why := not_apart(
+                    automaton, plan.decoding, t, prefixes)) else "") if not split else
                 f"; their {split[1]:,} canonical tokenization{'s' if split[1] != 1 else ''} summed exactly, "
                 f"the other tokenizations from the draws" if split[1] is not None else
                 "; half the draws follow the canonical tokenizations (more than exact_limit), half every "

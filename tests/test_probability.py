@@ -409,6 +409,18 @@ def test_draws_that_follow_the_canonical_tokenizations_half_the_time_stay_unbias
         assert np.mean(ests) == pytest.approx(exact, rel=0.05)
 
 
+def test_explain_says_why_an_estimate_does_not_treat_the_canonical_tokenizations_apart(con):
+    base = ("EXPLAIN SELECT probability() MATCHING 'The (cat|dog) (sat|ran) (down|up)' PREFIX 'The {}' "
+            "USING tokenization all, exact_limit 3")
+    for prefix, extra, why in (("cat", ", topk 40", "topk 40"), ("cat", ", sampling exact", "sampling exact"),
+                               ("cat", ", eos", "eos, with more than exact_limit (3) canonical tokenizations"),
+                               ("(cat|dog)", "", "the prefix has 2 token paths")):
+        (line,) = [r[0] for r in con.sql(base.format(prefix) + extra).fetchall() if r[0].startswith("measure")]
+        assert line.endswith(f"; the draws alone (the canonical tokenizations not treated apart: {why})"), line
+    (line,) = [r[0] for r in con.sql(base.format("cat")).fetchall() if r[0].startswith("measure")]
+    assert "half the draws follow the canonical tokenizations" in line
+
+
 def test_rejection_estimates_are_binomial_with_wilson_intervals(con):
     base = "SELECT probability(), count(*) MATCHING '[a-z]{1,2}'"
     exact = con.sql(base).fetchone()[0]

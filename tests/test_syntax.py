@@ -99,6 +99,16 @@ def test_typographic_quotes_are_told_apart_from_straight_ones():
         assert e.hint.startswith("strings are written with straight quotes: 'The cat'")
 
 
+def test_an_unquoted_edit_scope_prefix_is_told_to_quote_it():
+    """``edit_scope prefix`` reads as the PREFIX clause, which then has no value: the hint says to
+    quote the word, whether the statement ends there or goes on."""
+    for text in ("SELECT text MATCHING 'ab' PREFIX 'a' USING edit_scope prefix",
+                 "SELECT text MATCHING 'ab' PREFIX 'a' USING edit_scope prefix LIMIT 1"):
+        with pytest.raises(ParseError) as info:
+            parse(text)
+        assert info.value.hint == "PREFIX is a clause; as a value it is written as a string: edit_scope 'prefix'"
+
+
 @pytest.mark.parametrize("path", GOOD, ids=lambda p: p.stem)
 def test_golden_ast(path, update_golden):
     text = read(path)

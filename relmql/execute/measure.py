@@ -44,7 +44,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from ..automata.bytedfa import SPLIT_COL
+from ..automata.bytedfa import SPLIT_COL, format_count
 from ..automata.tokens import TokenAutomaton
 from ..models.base import LanguageModel
 from ..records import Decoding, Measure
@@ -145,17 +145,35 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
 def canonical_part(automaton: TokenAutomaton, rules: Decoding, opts: Measure, prefixes: int
                    ) -> Optional[Tuple[TokenAutomaton, Optional[int]]]:
     """Where an estimate over every tokenization (local draws, one prefix path, no decoding
-    rules but ``eos``) treats its canonical tokenizations apart: their automaton, and how many token
-    sequences it has where they are summed exactly (at most ``exact_limit``), or None where
-    they are more and half the draws follow them instead (``sampling.Sampler``'s twin). None
-    elsewhere, and where no canonical tokenization fits in max_tokens."""
-    if opts.mode != "local" or automaton.canonical[1] or prefixes != 1 or not rules.plain:
+    rules but ``eos``) treats its canonical tokenizations apart: their automaton, and how many
+    token sequences it has where they are summed exactly (at most ``exact_limit``), or None
+    where they are more and half the draws follow them instead (``sampling.Sampler``'s twin;
+    not with ``eos``). None elsewhere (``not_apart`` says why), and where no canonical
+    tokenization fits in max_tokens."""
+    if automaton.canonical[1] or not_apart(automaton, rules, opts, prefixes):
         return None
     twin = automaton.canonical_twin()
-    if twin is None:
-        return None
     n = token_sequences(twin, opts)
     return None if n == 0 else (twin, n)
+
+
+def not_apart(automaton: TokenAutomaton, rules: Decoding, opts: Measure, prefixes: int) -> Optional[str]:
+    """Why an estimate over every tokenization does not treat its canonical tokenizations apart
+    (``canonical_part``), or None where it does or its completion is canonical already."""
+    if automaton.canonical[1]:
+        return None
+    if opts.mode != "local":
+        return "sampling exact"
+    if prefixes != 1:
+        return f"the prefix has {format_count(prefixes)} token paths"
+    if not rules.plain:
+        return ", ".join(rules.describe())
+    twin = automaton.canonical_twin()
+    if twin is None:
+        return "canonical tokenization cannot be compiled for this language"
+    if rules.eos and token_sequences(twin, opts) is None:
+        return f"eos, with more than exact_limit ({opts.exact_limit:,}) canonical tokenizations"
+    return None
 
 
 def _begins_earlier(automaton: TokenAutomaton, row: Row) -> bool:

@@ -121,7 +121,8 @@ def _syntax_error(e: UnexpectedInput, text: str) -> ParseError:
                           (pos, pos + len(word)), text, hint=_did_you_mean(word, e.allowed or ()))
     if isinstance(e, UnexpectedEOF):
         end = len(text.rstrip())  # the caret goes just after the last word, not on a blank last line
-        return ParseError(f"the statement ends early; expected {_describe(e.expected)}", (end, end + 1), text)
+        return ParseError(f"the statement ends early; expected {_describe(e.expected)}", (end, end + 1), text,
+                          hint=_ends_early_hint(text[:end]))
     if isinstance(e, UnexpectedToken):
         tok = e.token
         # what the parser would take next (LALR's ``expected`` may hold tokens no statement allows there)
@@ -129,7 +130,8 @@ def _syntax_error(e: UnexpectedInput, text: str) -> ParseError:
         if tok.type == "$END":
             # Lark's end token borrows the position of the last real token
             end = tok.end_pos if tok.end_pos is not None else len(text.rstrip())
-            return ParseError(f"the statement ends early; expected {_describe(expected)}", (end, end + 1), text)
+            return ParseError(f"the statement ends early; expected {_describe(expected)}", (end, end + 1), text,
+                              hint=_ends_early_hint(text[:end]))
         start = tok.start_pos
         # the lexer reads an unclosed /* as the tokens / and *: the error is at one of them
         opened = _unclosed_comment(text)
@@ -143,8 +145,8 @@ def _syntax_error(e: UnexpectedInput, text: str) -> ParseError:
                               hint="FROM smollm2-135m (or a quoted name), or leave FROM out for the session's model")
         if text[start - 1:start] == "'" and start > 0 and tok.type in ("NAME", "MODEL_NAME"):
             hint = "a quote inside a string is written twice: 'it''s'"  # 'it's': the string ended early
-        elif re.search(r"\bedit_scope\s+prefix\b", before, re.IGNORECASE):  # read as the PREFIX clause
-            hint = "PREFIX is a clause; as a value it is written as a string: edit_scope 'prefix'"
+        elif _ends_early_hint(before):
+            hint = _ends_early_hint(before)
         elif re.search(r"\bSELECT\s+DISTINCT$", before, re.IGNORECASE):
             hint = "DISTINCT is not supported: GROUP BY gives each value once (SELECT text, count(*) ... GROUP BY text)"
         elif tok.type == "SELECT":
@@ -155,6 +157,13 @@ def _syntax_error(e: UnexpectedInput, text: str) -> ParseError:
             hint = _did_you_mean(str(tok), expected) if tok.type in ("NAME", "MODEL_NAME") else None
         return ParseError(f"unexpected {_token_text(tok)}; expected {_describe(expected)}", span, text, hint=hint)
     return ParseError(str(e), None, text)
+
+
+def _ends_early_hint(before: str) -> Optional[str]:
+    """The hint for text that reads as complete up to ``before`` but was not meant so."""
+    if re.search(r"\bedit_scope\s+prefix\b", before, re.IGNORECASE):  # read as the PREFIX clause
+        return "PREFIX is a clause; as a value it is written as a string: edit_scope 'prefix'"
+    return None
 
 
 def _unclosed_comment(text: str) -> Optional[int]:
