@@ -426,6 +426,14 @@ class TokenAutomaton:
                 return False
         return any(self.is_final(s) for s in states)
 
+    def state_after(self, tokens, prefix_len: Optional[int] = None) -> Optional[int]:
+        """The state a token sequence reaches (the first, where it may reach several; with the
+        first ``prefix_len`` tokens as prefix tokens, when given); None where it cannot."""
+        states = [self.start]
+        for states in self.runs(tokens, prefix_len):
+            pass
+        return states[0] if states else None
+
     def runs(self, tokens, prefix_len: Optional[int] = None) -> Iterator[List[int]]:
         """The states a token sequence can reach after each of its tokens (with the first
         ``prefix_len`` tokens as prefix tokens, when given); stops after the first empty list."""

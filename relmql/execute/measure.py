@@ -99,27 +99,26 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
         mass = Mass(True, prefixes=prefixes, confidence=opts.confidence, sequences=n)
         return mass, _chain(prefix_rows(automaton, opts.max_prefix_tokens, reps),
                             shortest_path(automaton, model, rules, opts.exact(), cancel, stats))
-    split = canonical_part(automaton, rules, opts, prefixes)
-    twin = split[0] if split is not None and split[1] is not None else None  # summed
+    twin, count = canonical_part(automaton, rules, opts, prefixes) or (None, None)
+    summed = twin if count is not None else None  # the canonical tokenizations summed, else drawn half the time
     mass = Mass(False, opts.samples, prefixes, opts.mode == "exact", opts.confidence)
     drawn = SampleStats()
-    draws = sample(automaton, model, rules, opts.estimate(), cancel, drawn,
-                   twin=split[0] if split is not None and twin is None else None)
+    draws = sample(automaton, model, rules, opts.estimate(), cancel, drawn, twin=twin if summed is None else None)
     # local draws over every tokenization can miss the few that carry the probability (Gemma 3
     # reads its bare space token first): the strings' canonical tokenizations bound it from below
-    check = (twin is None and opts.mode == "local" and not automaton.canonical[1] and prefixes == 1
+    check = (summed is None and opts.mode == "local" and not automaton.canonical[1] and prefixes == 1
              and not rules.describe())
 
     def rows() -> Iterator[Row]:
         cut = set()
         head = set()
-        if twin is not None:
-            summed = SearchStats()
-            for r in shortest_path(twin, model, rules, opts.exact(), cancel, summed):
+        if summed is not None:
+            found = SearchStats()
+            for r in shortest_path(summed, model, rules, opts.exact(), cancel, found):
                 head.add(r.tokens)
                 if rules.eos or not _begins_earlier(automaton, r):  # (with eos, no string ends another's event)
                     yield dataclasses.replace(r, summed=True)
-            cut.update(summed.cut)
+            cut.update(found.cut)
         hits, n, total, squares = [], 0, 0.0, 0.0
         for r in draws:
             n += 1
@@ -259,21 +258,13 @@ class _Representatives:
         if got is None:
             a = self.automaton
             if state is None:
-                state = self._walk(path)
+                state = a.state_after(path, len(path))
             completion, edits = self._completion(a.unpack(state)[0])
             prefix = a.vocabulary.decode(path)
             rest = completion.decode("utf-8", errors="replace")
             got = self._rows[path] = Row(prefix + rest, prefix, rest, path, -math.inf, -math.inf, False, edits, 0,
                                          0.0, len(path), True)
         return dataclasses.replace(got, rank=rank) if rank else got
-
-    def _walk(self, path) -> int:
-        a = self.automaton
-        state = a.start
-        for t in path:
-            arcs = a.arcs(state)
-            state = int(arcs.targets[np.flatnonzero((arcs.tokens == t) & arcs.prefix)[0]])
-        return state
 
     def _completion(self, q: int) -> Tuple[bytes, int]:
         got = self._after.get(q)

@@ -247,15 +247,9 @@ class Sampler:
         self.stats.draws += 1
 
     def _twin_start(self, prefix: Tuple[int, ...]) -> Optional[int]:
-        got = self._twin_starts.get(prefix, -1)
-        if got == -1:
-            got = None
-            for states in self.twin.runs(prefix, len(prefix)):
-                got = states[0] if states else None
-            if not prefix:
-                got = self.twin.start
-            self._twin_starts[prefix] = got
-        return got
+        if prefix not in self._twin_starts:
+            self._twin_starts[prefix] = self.twin.state_after(prefix, len(prefix))
+        return self._twin_starts[prefix]
 
     def walk(self, w: _Walker) -> bool:
         """Draw until the walker takes a token (True), or its sample ends, misses, or waits for
