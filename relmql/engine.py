@@ -625,7 +625,8 @@ class _Measured:
         self.prefix_keys = [i for i, b in enumerate(beyond) if not b]
         self.classes: Dict[tuple, Env] = {}  # each prefix class -> its first row
         where: Dict[tuple, tuple] = {}  # (measurement, prefix path) -> (class, env)
-        self.units: Dict[tuple, int] = {}  # (measurement, class) -> prefix paths (exact) or draws (estimated)
+        # (measurement, class, 0) -> prefix paths (exact); (measurement, class, stratum) -> draws (estimated)
+        self.units: Dict[tuple, int] = {}
         for env, key in keyed:
             row, mass = getattr(env, "row", None), getattr(env, "mass", None)
             if row is None or mass is None:
@@ -635,12 +636,13 @@ class _Measured:
             first = where.setdefault((id(mass), row.tokens[:row.prefix_tokens]), (c, env))
             if first[0] != c:
                 raise self._not_the_prefixs(plan, first, (c, env))
-            if not mass.exact and not row.summed:  # a draw
-                self.units[(id(mass), c)] = self.units.get((id(mass), c), 0) + 1
+            if not mass.exact and not row.summed:  # a draw, of its proposal's stratum
+                k = (id(mass), c, mass.stratum(row.rank))
+                self.units[k] = self.units.get(k, 0) + 1
         exact = {id(m) for m in self.masses if m.exact}
         for (m, _), (c, _) in where.items():
             if m in exact:
-                self.units[(m, c)] = self.units.get((m, c), 0) + 1
+                self.units[(m, c, 0)] = self.units.get((m, c, 0), 0) + 1
 
     def prefix_class(self, key: tuple) -> tuple:
         return tuple(key[i] for i in self.prefix_keys)
@@ -650,8 +652,10 @@ class _Measured:
         found: Dict[int, list] = {}
         for env in rows:
             if getattr(env, "mass", None) is not None and env.row is not None:
-                found.setdefault(id(env.mass), []).append((env.row.prob, env.row.weight, env.row.summed))
-        return probability([(m, found.get(id(m), []), self.units.get((id(m), c), 0)) for m in self.masses])
+                found.setdefault(id(env.mass), []).append((env.row.prob, env.row.weight, env.row.summed,
+                                                           env.mass.stratum(env.row.rank)))
+        return probability([(m, found.get(id(m), []), [self.units.get((id(m), c, h), 0) for h in range(m.strata)])
+                            for m in self.masses])
 
     def _not_the_prefixs(self, plan: Plan, a: tuple, b: tuple) -> PlanError:
         (ca, ea), (cb, eb) = a, b

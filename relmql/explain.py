@@ -65,17 +65,11 @@ def _lines(plan: QueryPlan, automaton: TokenAutomaton, model: LanguageModel, dat
         n = token_sequences(automaton, t)
         need = automaton.too_long(t.max_tokens) if n == 0 else None
         prefixes = automaton.count_paths(automaton.start, t.max_prefix_tokens, prefix_only=True)
-        split = canonical_part(automaton, plan.decoding, t, prefixes) if n is None else None
         add("measure", f"exact: {n:,} token sequences" + (
             f" (each string takes at least {need:,} completion tokens, and max_tokens is {t.max_tokens:,})"
             if need else "") if n is not None else
-            (f"estimate: more than {t.exact_limit:,} token sequences" if t.exact_limit else "estimate") + (
-                (f"; the draws alone (the canonical tokenizations not treated apart: {why})" if (why := not_apart(
-                    automaton, plan.decoding, t, prefixes)) else "") if not split else
-                f"; their {split[1]:,} canonical tokenization{'s' if split[1] != 1 else ''} summed exactly, "
-                f"the other tokenizations from the draws" if split[1] is not None else
-                "; half the draws follow the canonical tokenizations (more than exact_limit), half every "
-                "tokenization, each weighted for the mixture"))
+            (f"estimate: more than {t.exact_limit:,} token sequences" if t.exact_limit else "estimate")
+            + _canonical_apart(automaton, t, prefixes))
         if plan.prefix:
             n = prefixes
             add("prefixes", f"{format_count(n)} token path{'s' if n != 1 else ''}; "
@@ -135,3 +129,19 @@ def _lines(plan: QueryPlan, automaton: TokenAutomaton, model: LanguageModel, dat
     add("columns", ", ".join(o.name for o in outputs))
     width = max(len(k) for k, _ in lines)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in lines)
+
+
+def _canonical_apart(automaton: TokenAutomaton, t: Measure, prefixes: int) -> str:
+    """How an estimate over every tokenization treats its canonical tokenizations, for the
+    ``measure`` line ("" where its completion is canonical)."""
+    if why := not_apart(automaton, t):
+        return f"; the draws alone (the canonical tokenizations not treated apart: {why})"
+    split = canonical_part(automaton, t, prefixes)
+    if split is None:
+        return ""
+    if split[1] is not None:
+        return (f"; their {split[1]:,} canonical tokenization{'s' if split[1] != 1 else ''} summed exactly, "
+                f"the other tokenizations from the draws")
+    why = "more than exact_limit" if prefixes == 1 else f"the prefix has {format_count(prefixes)} token paths"
+    return (f"; half the draws follow the canonical tokenizations ({why}), half every tokenization, each "
+            f"weighted for the mixture")

@@ -52,8 +52,13 @@ class Estimate(float):
 
     def text(self, digits: int = 3) -> str:
         """The value and its interval, the ends to ``digits`` significant digits or as many more
-        as tell them apart (a narrow interval would print as no width), the value to one more."""
-        while digits < 12 and self.low < self.high and f"{self.low:.{digits}g}" == f"{self.high:.{digits}g}":
+        as tell them apart (a narrow interval would print as no width) and keep the value between
+        them, the value to one more."""
+        def unclear(d: int) -> bool:  # the ends print as one, or an end prints past the value
+            low, high = float(f"{self.low:.{d}g}"), float(f"{self.high:.{d}g}")
+            value = float(f"{float(self):.{max(4, d + 1)}g}")
+            return (self.low < self.high and low == high) or low > value or high < value
+        while digits < 12 and unclear(digits):
             digits += 1
         return f"{float(self):.{max(4, digits + 1)}g} [{self.low:.{digits}g}, {self.high:.{digits}g}]"
 
@@ -76,12 +81,16 @@ def wilson(k: float, n: float, confidence: float = DEFAULT_CONFIDENCE) -> Tuple[
 
 
 def estimate_mean(hits: Sequence[float], draws: int, scale: float = 1.0, bounded: Optional[float] = None,
-                  confidence: float = DEFAULT_CONFIDENCE, binary: bool = False) -> Estimate:
+                  confidence: float = DEFAULT_CONFIDENCE, binary: bool = False,
+                  strata: Optional[Sequence[Tuple[Sequence[float], int]]] = None) -> Estimate:
     """The mean of ``draws`` independent draws, of which the nonzero ones are ``hits`` (the rest
     are zero), times ``scale``, with its interval: Wilson's when every hit is 1 (``binary``),
     otherwise the normal approximation with the sample variance, clipped to [0, ``bounded``].
     With no hits at all the sample variance says nothing; draws bounded by 1 then get Wilson's
-    upper bound for none in ``draws``."""
+    upper bound for none in ``draws``. ``strata``: the draws came from fixed shares of several
+    proposals, (hits, draws) of each; the variance of the mean is then the sum of the strata's,
+    Σ (n_h / n)² · var_h / n_h (where each stratum has two draws or more), which leaves out the
+    spread between the strata that the fixed shares do not have."""
     if draws <= 0:
         raise ValueError("an estimate needs at least one draw")
     hits = np.asarray(hits, np.float64)
@@ -92,11 +101,11 @@ def estimate_mean(hits: Sequence[float], draws: int, scale: float = 1.0, bounded
         return Estimate(scale * value, scale * lo, scale * hi, exact=False, draws=draws, confidence=confidence,
                         method="wilson")
     mean = float(hits.sum()) / draws
-    if draws > 1:
-        # deviations from the mean, the draws that are not hits (zeros) included, not a difference of
-        # squares: draws all of one weight have no variance, not a rounding error's
-        var = (float(np.square(hits - mean).sum()) + (draws - len(hits)) * mean * mean) / (draws - 1)
-        half = _z(confidence) * math.sqrt(max(var, 0.0) / draws)
+    parts = [(np.asarray(h, np.float64), n) for h, n in strata or () if n > 0]
+    if len(parts) > 1 and all(n > 1 for _, n in parts):
+        half = _z(confidence) * math.sqrt(sum((n / draws) ** 2 * _variance(h, n) / n for h, n in parts))
+    elif draws > 1:
+        half = _z(confidence) * math.sqrt(_variance(hits, draws) / draws)
     else:
         half = math.inf
     lo, hi = mean - half, mean + half
@@ -107,12 +116,20 @@ def estimate_mean(hits: Sequence[float], draws: int, scale: float = 1.0, bounded
                     method="normal")
 
 
-def probability(parts: Sequence[Tuple[Any, Sequence[Tuple[float, float, bool]], int]]) -> Estimate:
+def _variance(hits: np.ndarray, draws: int) -> float:
+    """The sample variance of ``draws`` draws whose nonzero ones are ``hits``: deviations from the
+    mean, the zeros included, not a difference of squares (draws all of one weight have no
+    variance, not a rounding error's)."""
+    mean = float(hits.sum()) / draws
+    return max(0.0, (float(np.square(hits - mean).sum()) + (draws - len(hits)) * mean * mean) / (draws - 1))
+
+
+def probability(parts: Sequence[Tuple[Any, Sequence[Tuple[float, float, bool, int]], Sequence[int]]]) -> Estimate:
     """The probability of a group of strings, from each measurement that can produce it: parts
     are (mass, rows, units), where ``mass`` (an ``execute.measure.Mass``) tells how the
-    measurement was made, ``rows`` are (prob, weight, summed) of the group's rows in it, and
-    ``units`` how many prefix token paths (exact) or draws (estimated) of the group's prefix
-    class it has.
+    measurement was made, ``rows`` are (prob, weight, summed, stratum) of the group's rows in
+    it, and ``units`` how many prefix token paths (exact) or draws (estimated) of the group's
+    prefix class it has, per stratum (the proposal a draw came from, ``Mass.strata``).
 
     Exact: Σ prob / units, the mean over the class's prefix paths of P(group | path). Sampled:
     the mean of the draws' weight · 1(draw in group) over the class's draws, with the interval of
@@ -120,17 +137,21 @@ def probability(parts: Sequence[Tuple[Any, Sequence[Tuple[float, float, bool]], 
     draws fell in the class, they are independent draws of a prefix path uniform over it, so
     this is a conditional mean over ``units`` draws; plus Σ prob of the rows summed exactly
     beside the draws (``summed``: one prefix path, whose draws never give those rows), which
-    shifts the interval and does not widen it. Several measurements (a dataset's rows) are
-    averaged, their interval half-widths combined in quadrature."""
+    shifts the interval and does not widen it. Where the draws alternate between proposals, the
+    interval's variance is that of their strata (``estimate_mean``). Several measurements (a
+    dataset's rows) are averaged, their interval half-widths combined in quadrature."""
     values = []
-    for mass, rows, units in parts:
+    for mass, rows, strata in parts:
+        units = sum(strata)
         if units <= 0:
             continue
         if mass.exact:
-            values.append(Estimate(min(1.0, math.fsum(p for p, _, _ in rows) / units), confidence=mass.confidence))
+            values.append(Estimate(min(1.0, math.fsum(r[0] for r in rows) / units), confidence=mass.confidence))
             continue
-        e = estimate_mean([w for _, w, summed in rows if not summed], units, 1.0, 1.0, mass.confidence, mass.binary)
-        known = math.fsum(p for p, _, summed in rows if summed)
+        drawn = [r for r in rows if not r[2]]
+        e = estimate_mean([r[1] for r in drawn], units, 1.0, 1.0, mass.confidence, mass.binary,
+                          strata=[([r[1] for r in drawn if r[3] == h], n) for h, n in enumerate(strata)])
+        known = math.fsum(r[0] for r in rows if r[2])
         if known:
             e = Estimate(min(1.0, known + e), min(1.0, known + e.low), min(1.0, known + e.high), exact=False,
                          draws=e.draws, confidence=e.confidence, method=e.method)

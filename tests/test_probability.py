@@ -390,14 +390,18 @@ def test_interval_coverage_over_seeds(con):
 
 
 def test_draws_that_follow_the_canonical_tokenizations_half_the_time_stay_unbiased(con):
-    """Over every tokenization with more canonical tokenizations than exact_limit (0 here), half
-    the draws follow the canonical ones and each weighs P(x) / (the mixture's probability of x):
-    the 95% intervals cover the exact value (every tokenization summed) at about that rate over
-    30 seeds, and their mean is close to it. A language in which a canonical tokenization's
-    beginning spells a shorter string in another tokenization ('a\\n\\n1?': a, \\n, \\n) too."""
+    """Over every tokenization with more canonical tokenizations than exact_limit (0 here), every
+    other draw follows the canonical ones and each weighs P(x) / (the mixture's probability of
+    x): the 95% intervals cover the exact value (every tokenization summed) at about that rate
+    over 30 seeds, and their mean is close to it. A language in which a canonical tokenization's
+    beginning spells a shorter string in another tokenization ('a\\n\\n1?': a, \\n, \\n) too,
+    and one with two prefix paths, decoding rules and the end of text (whose step the canonical
+    draws take only where their own string may end)."""
     for base in ("SELECT probability() MATCHING 'The cat (sat|ran) (down|up)' PREFIX 'The cat' "
                  "USING tokenization all",
-                 "SELECT probability() MATCHING 'a\\n\\n1?' USING tokenization all"):
+                 "SELECT probability() MATCHING 'a\\n\\n1?' USING tokenization all",
+                 "SELECT probability() MATCHING 'The (cat|dog) (sat|ran) (down|up)' PREFIX 'The (cat|dog)' "
+                 "USING tokenization all, eos, topk 200, temperature 1.5"):
         exact = con.sql(base).fetchone()[0]
         assert exact.exact
         explain = con.sql("EXPLAIN " + base + ", exact_limit 0").fetchall()
@@ -409,16 +413,20 @@ def test_draws_that_follow_the_canonical_tokenizations_half_the_time_stay_unbias
         assert np.mean(ests) == pytest.approx(exact, rel=0.05)
 
 
-def test_explain_says_why_an_estimate_does_not_treat_the_canonical_tokenizations_apart(con):
+def test_explain_says_how_an_estimate_treats_the_canonical_tokenizations(con):
     base = ("EXPLAIN SELECT probability() MATCHING 'The (cat|dog) (sat|ran) (down|up)' PREFIX 'The {}' "
-            "USING tokenization all, exact_limit 3")
-    for prefix, extra, why in (("cat", ", topk 40", "topk 40"), ("cat", ", sampling exact", "sampling exact"),
-                               ("cat", ", eos", "eos, with more than exact_limit (3) canonical tokenizations"),
-                               ("(cat|dog)", "", "the prefix has 2 token paths")):
-        (line,) = [r[0] for r in con.sql(base.format(prefix) + extra).fetchall() if r[0].startswith("measure")]
-        assert line.endswith(f"; the draws alone (the canonical tokenizations not treated apart: {why})"), line
-    (line,) = [r[0] for r in con.sql(base.format("cat")).fetchall() if r[0].startswith("measure")]
-    assert "half the draws follow the canonical tokenizations" in line
+            "USING tokenization all, exact_limit {}")
+    for prefix, extra, how in (
+            ("cat", "3, topk 40", "half the draws follow the canonical tokenizations (more than exact_limit)"),
+            ("cat", "3, eos", "half the draws follow the canonical tokenizations (more than exact_limit)"),
+            ("cat", "3", "half the draws follow the canonical tokenizations (more than exact_limit)"),
+            ("(cat|dog)", "5", "half the draws follow the canonical tokenizations (the prefix has 2 token paths)"),
+            ("cat", "5, topk 40, eos", "their 4 canonical tokenizations summed exactly"),
+            ("cat", "5, sampling exact",
+             "the draws alone (the canonical tokenizations not treated apart: sampling exact)")):
+        (line,) = [r[0] for r in con.sql(base.format(prefix, extra)).fetchall() if r[0].startswith("measure")]
+        assert line.startswith("measure       estimate: more than 3 token sequences; " if extra[0] == "3" else
+                               "measure       estimate: more than 5 token sequences; ") and how in line, line
 
 
 def test_rejection_estimates_are_binomial_with_wilson_intervals(con):
@@ -588,6 +596,33 @@ def test_estimate_mean_is_the_mean_with_a_normal_interval():
     assert isinstance(e, float) and isinstance(e, Estimate) and not e.exact
 
 
+def test_draws_from_fixed_shares_of_two_proposals_get_the_strata_variance():
+    """Draws that alternate between two proposals (the canonical tokenizations and every
+    tokenization) are a stratified sample: the mean is the plain mean, its variance Σ (n_h/n)²
+    s_h² / n_h (numpy's, stratum by stratum), not the pooled one that counts the spread between
+    the strata too. Over 2,000 simulated runs the strata interval holds the true mean about 95%
+    of the time; the pooled one, about always (it is needlessly wide)."""
+    rng = np.random.default_rng(1)
+    a, b = rng.uniform(1.8, 2.2, 50), np.concatenate([rng.uniform(0, 0.1, 10), np.zeros(40)])
+    hits = [x for x in np.concatenate([a, b]) if x]
+    e = estimate_mean(hits, 100, strata=[(a, 50), ([x for x in b if x], 50)])
+    assert e == pytest.approx(np.concatenate([a, b]).mean())
+    half = sstats.norm.ppf(0.975) * math.sqrt(0.25 * a.var(ddof=1) / 50 + 0.25 * b.var(ddof=1) / 50)
+    assert (e.low, e.high) == pytest.approx((float(e) - half, float(e) + half))
+    pooled = estimate_mean(hits, 100)
+    assert pooled.high - pooled.low > 5 * (e.high - e.low)
+    covered = pooled_covered = 0
+    for _ in range(2000):  # stratum A: U(1.8, 2.2); stratum B: 1 in 5 hits U(0, 0.1); mean 1.005
+        a = rng.uniform(1.8, 2.2, 50)
+        b = rng.uniform(0, 0.1, 50) * (rng.random(50) < 0.2)
+        hits = [x for x in np.concatenate([a, b]) if x]
+        e = estimate_mean(hits, 100, strata=[(a, 50), ([x for x in b if x], 50)])
+        covered += e.low <= 1.005 <= e.high
+        p = estimate_mean(hits, 100)
+        pooled_covered += p.low <= 1.005 <= p.high
+    assert 0.93 <= covered / 2000 <= 0.97 and pooled_covered == 2000
+
+
 def test_draws_of_one_weight_have_no_variance_not_a_rounding_error():
     """The sample variance from deviations: 1,000 draws of one tiny weight (a low temperature's)
     give an interval as narrow as numpy's variance says (rounding alone; a difference of squares
@@ -655,9 +690,25 @@ def test_an_estimate_over_every_tokenization_sums_its_canonical_part_exactly(gem
     ((v,),) = s.sql(e + ", exact_limit 5, estimate_samples 200").fetchall()
     assert every_eos.exact and not v.exact and v.low >= canonical_eos * (1 - 1e-6)
     assert v == pytest.approx(every_eos, rel=2e-2)
-    # exact_limit 0: nothing summed, but half the draws follow the canonical tokenizations
+    # exact_limit 0: nothing summed, but every other draw follows the canonical tokenizations
+    # (their interval, like the summed one's, holds only the error the draws show)
     ((m,),) = s.sql(p + "tokenization all, exact_limit 0, estimate_samples 200").fetchall()
-    assert not m.exact and m.low <= every <= m.high and m == pytest.approx(every, rel=0.15)
+    assert not m.exact and m == pytest.approx(every, rel=1e-3)
+    # ... with eos too (the draws alone: 1.3e-18 against 3.5e-12)
+    ((m,),) = s.sql(e + ", exact_limit 0, estimate_samples 200").fetchall()
+    assert not m.exact and m == pytest.approx(every_eos, rel=2e-2)
+    # under decoding rules: summed (the draws alone: 1.3e-17 against 4.6e-09), or half the draws
+    t = p + "tokenization all, temperature 0.7"
+    ((every_t,),) = s.sql(t).fetchall()
+    ((v,),) = s.sql(t + ", exact_limit 5, estimate_samples 200").fetchall()
+    ((m,),) = s.sql(t + ", exact_limit 0, estimate_samples 200").fetchall()
+    assert every_t.exact and not v.exact and v == pytest.approx(every_t, rel=1e-3)
+    assert not m.exact and m == pytest.approx(every_t, rel=1e-3)
+    # two prefix paths: half the draws follow the canonical tokenizations after each
+    two = "SELECT probability() AS p MATCHING '(I|We) said Hello' PREFIX '(I|We) said' USING tokenization all"
+    ((x,),) = s.sql(two).fetchall()
+    ((y,),) = s.sql(two + ", exact_limit 0, estimate_samples 200").fetchall()
+    assert x.exact and not y.exact and y.low <= x <= y.high and y == pytest.approx(x, rel=0.15)
     # per group: each string's canonical tokenization summed, its other tokenizations drawn
     g = ("SELECT completion AS c, probability() AS p MATCHING ' Hello (world|there)' USING tokenization {}"
          "estimate_samples 100 GROUP BY c")
@@ -968,7 +1019,10 @@ def test_a_narrow_interval_prints_with_the_digits_that_tell_its_ends_apart():
     assert format_value(narrow) == "4.697e-07 [4.696e-07, 4.698e-07]"
     assert repr(narrow) == "4.697e-07 [4.696e-07, 4.698e-07]"
     assert format_value(Estimate(0.5654, 0.563, 0.568, exact=False)) == "0.5654 [0.563, 0.568]"
-    assert format_value(Estimate(3.507e-12, 3.507e-12, 3.507e-12, exact=False)) == "3.507e-12 [3.51e-12, 3.51e-12]"
+    # no width: the ends print as the value does, not rounded past it ([3.51e-12, 3.51e-12])
+    assert format_value(Estimate(3.507e-12, 3.507e-12, 3.507e-12, exact=False)) == "3.507e-12 [3.507e-12, 3.507e-12]"
+    # a summed estimate whose draws found nothing: the low end was [4.7e-07, ...], above the value
+    assert format_value(Estimate(4.69638e-07, 4.69638e-07, 0.0188, exact=False)) == "4.6964e-07 [4.696e-07, 0.0188]"
     ends = Estimate(1.0, 1.0 - 1e-10, 1.0 + 1e-10, exact=False)
     low, high = format_value(ends).split("[")[1].rstrip("]").split(", ")
     assert float(low) < float(high)

@@ -24,10 +24,12 @@ each class, the rows of a measurement include rows that only count (``miss`` set
 - estimate with its canonical part summed: local draws over every tokenization can miss the
   tokenizations that carry the probability (Gemma 3 reads its bare space token first, then
   spells the word in tokens it seldom reads). Where the canonical tokenizations are few (at
-  most ``exact_limit``), they are summed exactly (rows with ``summed`` set) and a draw that
-  gives one of them counts as a miss: the value is that sum plus the mean weight of the draws
-  that gave another tokenization, still unbiased, and the draws' error only that of the rest.
-  Where they are more, half the draws follow them instead (``sampling.Sampler``'s twin).
+  most ``exact_limit``) and the prefix has one token path, they are summed exactly (rows with
+  ``summed`` set, under the same decoding rules) and a draw that gives one of them counts as a
+  miss: the value is that sum plus the mean weight of the draws that gave another
+  tokenization, still unbiased, and the draws' error only that of the rest. Elsewhere every
+  other draw follows them instead (``sampling.Sampler``'s twin). Only rejection draws
+  (``sampling exact``), which follow the model itself, take neither.
 
 A row that only counts carries, as its text, a string of the language after its prefix path
 (the one with the fewest edits, then the fewest bytes; found in the byte automaton, without the
@@ -44,7 +46,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from ..automata.bytedfa import SPLIT_COL, format_count
+from ..automata.bytedfa import SPLIT_COL
 from ..automata.tokens import TokenAutomaton
 from ..models.base import LanguageModel
 from ..records import Decoding, Measure
@@ -67,6 +69,11 @@ class Mass:
     binary: bool = False
     confidence: float = 0.95
     sequences: Optional[int] = None  # token sequences in the language, where counted
+    strata: int = 1  # draws that alternate between proposals: draw i (rank i + 1) from proposal i % strata
+
+    def stratum(self, rank: int) -> int:
+        """The proposal a draw of this rank came from (0 where there is one)."""
+        return (rank - 1) % self.strata
 
 
 def token_sequences(automaton: TokenAutomaton, opts: Measure) -> Optional[int]:
@@ -99,11 +106,12 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
         mass = Mass(True, prefixes=prefixes, confidence=opts.confidence, sequences=n)
         return mass, _chain(prefix_rows(automaton, opts.max_prefix_tokens, reps),
                             shortest_path(automaton, model, rules, opts.exact(), cancel, stats))
-    twin, count = canonical_part(automaton, rules, opts, prefixes) or (None, None)
+    twin, count = canonical_part(automaton, opts, prefixes) or (None, None)
     summed = twin if count is not None else None  # the canonical tokenizations summed, else drawn half the time
-    mass = Mass(False, opts.samples, prefixes, opts.mode == "exact", opts.confidence)
+    mixture = twin is not None and summed is None and opts.mode == "local"
+    mass = Mass(False, opts.samples, prefixes, opts.mode == "exact", opts.confidence, strata=2 if mixture else 1)
     drawn = SampleStats()
-    draws = sample(automaton, model, rules, opts.estimate(), cancel, drawn, twin=twin if summed is None else None)
+    draws = sample(automaton, model, rules, opts.estimate(), cancel, drawn, twin=twin if mixture else None)
     # local draws over every tokenization can miss the few that carry the probability (Gemma 3
     # reads its bare space token first): the strings' canonical tokenizations bound it from below
     check = (summed is None and opts.mode == "local" and not automaton.canonical[1] and prefixes == 1
@@ -141,37 +149,29 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
     return mass, rows()
 
 
-def canonical_part(automaton: TokenAutomaton, rules: Decoding, opts: Measure, prefixes: int
+def canonical_part(automaton: TokenAutomaton, opts: Measure, prefixes: int
                    ) -> Optional[Tuple[TokenAutomaton, Optional[int]]]:
-    """Where an estimate over every tokenization (local draws, one prefix path, no decoding
-    rules but ``eos``) treats its canonical tokenizations apart: their automaton, and how many
-    token sequences it has where they are summed exactly (at most ``exact_limit``), or None
-    where they are more and half the draws follow them instead (``sampling.Sampler``'s twin;
-    not with ``eos``). None elsewhere (``not_apart`` says why), and where no canonical
+    """Where a local estimate over every tokenization treats its canonical tokenizations apart:
+    their automaton, and how many token sequences it has where they are summed exactly (one
+    prefix path, at most ``exact_limit``), or None where half the draws follow them instead
+    (``sampling.Sampler``'s twin). None where ``not_apart`` says why not, and where no canonical
     tokenization fits in max_tokens."""
-    if automaton.canonical[1] or not_apart(automaton, rules, opts, prefixes):
+    if automaton.canonical[1] or not_apart(automaton, opts):
         return None
     twin = automaton.canonical_twin()
     n = token_sequences(twin, opts)
-    return None if n == 0 else (twin, n)
+    return None if n == 0 else (twin, n if prefixes == 1 else None)
 
 
-def not_apart(automaton: TokenAutomaton, rules: Decoding, opts: Measure, prefixes: int) -> Optional[str]:
+def not_apart(automaton: TokenAutomaton, opts: Measure) -> Optional[str]:
     """Why an estimate over every tokenization does not treat its canonical tokenizations apart
     (``canonical_part``), or None where it does or its completion is canonical already."""
     if automaton.canonical[1]:
         return None
     if opts.mode != "local":
         return "sampling exact"
-    if prefixes != 1:
-        return f"the prefix has {format_count(prefixes)} token paths"
-    if not rules.plain:
-        return ", ".join(rules.describe())
-    twin = automaton.canonical_twin()
-    if twin is None:
+    if automaton.canonical_twin() is None:
         return "canonical tokenization cannot be compiled for this language"
-    if rules.eos and token_sequences(twin, opts) is None:
-        return f"eos, with more than exact_limit ({opts.exact_limit:,}) canonical tokenizations"
     return None
 
 

@@ -130,27 +130,27 @@ def sample(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opt
     yield from Sampler(automaton, model, rules, opts, stats, twin).rows(cancel)
 
 
-TWIN_SHARE = 0.5  # of local draws with a twin, those that follow its canonical tokenizations
-
-
 class Sampler:
     """One sampling run and its state: the walkers ``active`` (drawing a completion token by
     token) and ``waiting`` (for their prefix's model state), the finished rows ``done`` until
     their turn (``next_out``), and the model states cached for ``prefixes`` and for the
     completions already ``seen`` (at most ``cached_states`` each).
 
-    ``twin`` (local draws over every tokenization, without the end-of-text rule): the same
-    language's canonical automaton. A draw then follows it with probability ``TWIN_SHARE`` (its
-    tokens drawn among those the twin allows, renormalized), else the whole automaton, and its
-    weight is P(x) / (the mixture's probability of drawing x): unbiased as before, and no longer
-    blind to the canonical tokenizations where the model's likeliest allowed tokens lead
-    elsewhere (Gemma 3's bare space token). A draw still ends where the whole automaton's
-    language does (first_match), and one that the twin cannot go on from misses."""
+    ``twin`` (local draws over every tokenization): the same language's canonical automaton.
+    Every other draw (the even ones, ``twin_share`` of them) then follows it, its tokens drawn
+    among those the twin allows (with ``eos``, the end of text where the twin's string may end),
+    renormalized under the decoding rules; the others draw over the whole automaton. Each draw
+    weighs P(x) / (the mixture's probability of drawing x), so the estimate stays unbiased and is
+    no longer blind to the canonical tokenizations where the model's likeliest allowed tokens lead
+    elsewhere (Gemma 3's bare space token); alternating rather than choosing at random keeps the
+    branch's share fixed, which only lowers the variance. A draw still ends where the whole
+    automaton's language does (first_match), and one that the twin cannot go on from misses."""
 
     def __init__(self, automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opts: Sample,
                  stats: Optional[SampleStats] = None, twin: Optional[TokenAutomaton] = None):
         self.automaton, self.model = automaton, model
-        self.twin = twin if twin is not None and opts.mode == "local" and not rules.eos else None
+        self.twin = twin if twin is not None and opts.mode == "local" else None
+        self.twin_share = (opts.n + 1) // 2 / opts.n if opts.n else 0.5  # the even draws of n
         self._twin_starts: Dict[Tuple[int, ...], Optional[int]] = {}  # prefix path -> the twin's state after it
         self.context = getattr(model, "max_length", None) or sys.maxsize  # tokens the model reads at most
         self.rules, self.opts = rules.check(), opts.check()
@@ -242,7 +242,7 @@ class Sampler:
         """Start a walker's completion again, after its prefix (a new draw)."""
         w.state, w.node, w.tokens, w.cond, w.weight = w.start_state, w.start_node, [], 0.0, 1.0
         if self.twin is not None:
-            w.canonical = w.rng.random() < TWIN_SHARE
+            w.canonical = w.index % 2 == 0
             w.twin_node, w.twin_weight = self._twin_start(w.prefix), 1.0
         self.stats.draws += 1
 
@@ -359,7 +359,8 @@ class Sampler:
         toks = list(w.prefix) + w.tokens
         weight = w.weight
         if self.twin is not None and weight > 0:  # P(x) / (the mixture's probability of x): 1 / Σ share / (P(x) / q(x))
-            weight = 1.0 / ((1 - TWIN_SHARE) / weight + (TWIN_SHARE / w.twin_weight if w.twin_weight > 0 else 0.0))
+            share = self.twin_share
+            weight = 1.0 / ((1 - share) / weight + (share / w.twin_weight if w.twin_weight > 0 else 0.0))
         self.done[w.index] = make_row(self.model.vocabulary, toks, len(w.prefix), cond, w.pre_raw + cond, edits,
                                       w.index + 1, 1.0 if self.exact else weight)
 
@@ -425,7 +426,7 @@ class Sampler:
                     return "reject", True  # a dead end
                 p = np.exp(options - top)
                 z, scale = p.sum(), math.exp(top)
-            if self.twin is not None and len(p) == len(toks):
+            if self.twin is not None:
                 k = self._twin_step(w, toks, p, scale)
                 if k < 0:
                     return "reject", True  # the twin cannot go on from here: this canonical draw misses
@@ -446,19 +447,22 @@ class Sampler:
 
     def _twin_step(self, w: _Walker, toks: np.ndarray, p: np.ndarray, scale: float) -> int:
         """A local step with a twin: the index of the token drawn among ``toks`` (probabilities
-        ``p`` · ``scale``), from all of them or, for a canonical draw, from those the twin allows;
-        -1 where a canonical draw finds none. Moves the twin's state and its weight along."""
-        allowed = np.zeros(len(toks), bool)
-        targets = np.full(len(toks), -1, np.int64)
+        ``p`` · ``scale``; ``p`` has one more entry, the end of text, where a string may end), from
+        all of them or, for a canonical draw, from those the twin allows (the end of text where
+        the twin's string may end); -1 where a canonical draw finds none. Moves the twin's state
+        and its weight along."""
+        allowed = np.zeros(len(p), bool)
+        targets = np.full(len(p), -1, np.int64)
         if w.twin_node is not None:
             arcs = self.twin.arcs(w.twin_node)
-            comp = ~arcs.prefix
-            order = np.argsort(arcs.tokens[comp], kind="stable")
-            ttoks, ttgts = arcs.tokens[comp][order], arcs.targets[comp][order]
-            if len(ttoks):
+            ttoks, ttgts = arcs.tokens[arcs.n_prefix:], arcs.targets[arcs.n_prefix:]  # sorted by token
+            if len(ttoks) and len(toks):
                 at = np.minimum(np.searchsorted(ttoks, toks), len(ttoks) - 1)
-                allowed = ttoks[at] == toks
-                targets[allowed] = ttgts[at][allowed]
+                hit = ttoks[at] == toks
+                allowed[:len(toks)] = hit
+                targets[:len(toks)][hit] = ttgts[at][hit]
+            if len(p) > len(toks):
+                allowed[len(toks)] = self.twin.is_final(w.twin_node)
         zc = float(p[allowed].sum())
         pick = np.where(allowed, p, 0.0) if w.canonical else p
         total = zc if w.canonical else float(p.sum())
