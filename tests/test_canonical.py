@@ -435,6 +435,27 @@ def test_sentencepiece_added_tokens_and_byte_fallback(gemma_vocab):
     assert {vocab.decode(t) for t, _ in enumerate_paths(every)} == {"a\u0132c", "a<b>c", "a<eos>c"}
 
 
+@pytest.mark.parametrize("name", ["gemma_vocab", "mistral_vocab"])
+def test_sentencepiece_reads_the_character_u2581_as_a_space(request, name):
+    """A SentencePiece tokenizer writes ▁ for a space and reads a ▁ in a text as one: "a▁b" is
+    encoded as "a b" is, and decodes to "a b". No token sequence is the tokenizer's own encoding
+    of a text that holds ▁ (the model gives the character back only through its bytes'
+    fallback tokens, which the tokenizer never writes for it), so such strings are left out of
+    canonical tokenization with a warning, and a query with no other string is an error."""
+    vocab = request.getfixturevalue(name)
+    ids = vocab.tokenizer.encode("a\u2581b", add_special_tokens=False)
+    assert ids == vocab.tokenizer.encode("a b", add_special_tokens=False)
+    assert vocab.tokenizer.decode(ids) == "a b" != "a\u2581b"
+    with pytest.raises(CompileError, match="U\\+2581") as info:
+        compile("a\u2581b", vocab, None, CANON)
+    assert "tokenization all" in info.value.hint
+    ta = compile("a(\u2581| )b", vocab, None, CANON)
+    assert [w for w in ta.warnings if "U+2581" in w and "left out of canonical tokenization" in w]
+    assert [tuple(t) for t, _ in enumerate_paths(ta)] == [tuple(vocab.encode("a b"))]
+    every = compile("a\u2581b", vocab, None, CompileOptions(tokenization="all"))
+    assert {vocab.decode(t) for t, _ in enumerate_paths(every)} == {"a\u2581b"}
+
+
 def test_special_token_texts_on_byte_level_vocabularies(gpt2_vocab, smol_vocab):
     """GPT-2's and SmolLM2's tokenizers read "<|endoftext|>" in a text as the special token: such
     strings are left out of canonical tokenization (with a warning); the others are exact."""

@@ -936,8 +936,10 @@ class TokenAutomaton:
         if kept.is_empty():
             raise CompileError(f"canonical tokenization of these strings is not supported: they contain {what}",
                                hint="use tokenization all (and prefix_tokenization all)")
-        self.warnings.append(f"{lost} string{'' if lost == '1' else 's'} of this query left out of canonical "
-                             f"tokenization: they contain {what}; tokenization all includes them")
+        one = lost == "1"
+        self.warnings.append(f"{lost} string{'' if one else 's'} of this query left out of canonical "
+                             f"tokenization: {'it contains' if one else 'they contain'} {what}; tokenization all "
+                             f"includes {'it' if one else 'them'}")
         return kept
 
     def _check_special_texts(self) -> None:
@@ -1044,12 +1046,17 @@ def _fallback_chars(vocab: Vocabulary) -> Tuple[np.ndarray, np.ndarray, np.ndarr
     return delta, dfa.final[:-1] >= 0, pairs.fallback.copy()
 
 
+SPACE_MARK = "\u2581".encode()  # ▁: a SentencePiece tokenizer writes it for a space, and reads it as one
+
+
 @functools.lru_cache(maxsize=4)
 def _sentencepiece_allowed(vocab: Vocabulary) -> Tuple[ByteDFA, str]:
     """For a SentencePiece vocabulary, the texts whose canonical tokenization relmql models:
     every character a unit of the vocabulary or ASCII (unless the others are byte-fallback chunks
-    of their own, ``PairTable.fallback_splits``), and no added token that ``_tag_tokens`` cannot
-    read (special tokens are left to the tracker); and what the others contain, for a message."""
+    of their own, ``PairTable.fallback_splits``), no ▁ (the tokenizer reads it as a space: no
+    token sequence is the tokenizer's own encoding of a text that holds it), and no added token
+    that ``_tag_tokens`` cannot read (special tokens are left to the tracker); and what the others
+    contain, for a message."""
     from .charset import ALL
     from .primitives import bytes_fst, chars_fst, difference, optimize, sigma_star
     pairs = _pair_table(vocab)
@@ -1057,13 +1064,16 @@ def _sentencepiece_allowed(vocab: Vocabulary) -> Tuple[ByteDFA, str]:
     parts = [] if pairs.fallback_splits else ["characters this tokenizer spells with byte-fallback tokens"]
     words, ids = added_words(vocab)
     other = [w for w, i in zip(words, ids) if vocab.tokens[i] is not None]
+    banned = [SPACE_MARK]
     if other and _tag_tokens(vocab) is None:
-        inner = bytes_fst(other[0])
-        for t in other[1:]:
-            inner = inner.union(bytes_fst(t))
-        bad = optimize(sigma_star().concat(inner).concat(sigma_star()), 1_000_000)
-        known = difference(optimize(known, 1_000_000), bad)
+        banned += other
         parts.append(f"its added tokens ({', '.join(w.decode('utf-8', 'replace') for w in other[:3])}, ...)")
+    parts.append("the character \u2581 (U+2581), which the tokenizer reads as a space")
+    inner = bytes_fst(banned[0])
+    for t in banned[1:]:
+        inner = inner.union(bytes_fst(t))
+    bad = optimize(sigma_star().concat(inner).concat(sigma_star()), 1_000_000)
+    known = difference(optimize(known, 1_000_000), bad)
     return to_dfa(optimize(known, 1_000_000)), " or ".join(parts)
 
 
