@@ -53,14 +53,18 @@ class Estimate(float):
     def text(self, digits: int = 3) -> str:
         """The value and its interval, the ends to ``digits`` significant digits or as many more
         as tell them apart (a narrow interval would print as no width) and keep the value between
-        them, the value to one more."""
+        them, the value to one more (an end equal to the value prints as the value does)."""
+        v = float(self)
+
+        def end(x: float, d: int) -> str:
+            return f"{x:.{max(4, d + 1)}g}" if x == v else f"{x:.{d}g}"
+
         def unclear(d: int) -> bool:  # the ends print as one, or an end prints past the value
-            low, high = float(f"{self.low:.{d}g}"), float(f"{self.high:.{d}g}")
-            value = float(f"{float(self):.{max(4, d + 1)}g}")
+            low, high, value = float(end(self.low, d)), float(end(self.high, d)), float(end(v, d))
             return (self.low < self.high and low == high) or low > value or high < value
         while digits < 12 and unclear(digits):
             digits += 1
-        return f"{float(self):.{max(4, digits + 1)}g} [{self.low:.{digits}g}, {self.high:.{digits}g}]"
+        return f"{v:.{max(4, digits + 1)}g} [{end(self.low, digits)}, {end(self.high, digits)}]"
 
     def __reduce__(self):
         return (Estimate, (float(self), self.low, self.high, self.exact, self.draws, self.confidence, self.method))
@@ -82,30 +86,30 @@ def wilson(k: float, n: float, confidence: float = DEFAULT_CONFIDENCE) -> Tuple[
 
 def estimate_mean(hits: Sequence[float], draws: int, scale: float = 1.0, bounded: Optional[float] = None,
                   confidence: float = DEFAULT_CONFIDENCE, binary: bool = False,
-                  strata: Optional[Sequence[Tuple[Sequence[float], int]]] = None) -> Estimate:
+                  parts: Optional[Sequence[Tuple[Sequence[float], int]]] = None) -> Estimate:
     """The mean of ``draws`` independent draws, of which the nonzero ones are ``hits`` (the rest
     are zero), times ``scale``, with its interval: Wilson's when every hit is 1 (``binary``),
     otherwise the normal approximation with the sample variance, clipped to [0, ``bounded``].
     With no hits at all the sample variance says nothing; draws bounded by 1 then get Wilson's
-    upper bound for none in ``draws``. ``strata``: the draws came from fixed shares of several
-    proposals, (hits, draws) of each; the variance of the mean is then the sum of the strata's,
-    Σ (n_h / n)² · var_h / n_h (where each stratum has two draws or more), which leaves out the
-    spread between the strata that the fixed shares do not have."""
+    upper bound for none in ``draws`` (in each part, summed). ``parts``: the draws fall in groups
+    that each measure a disjoint part of the quantity, (hits, draws) of each (together ``hits``
+    and ``draws``); the value is then the sum of the parts' means, its variance the sum of
+    theirs, var_h / n_h (infinite where a part has fewer than two draws)."""
     if draws <= 0:
         raise ValueError("an estimate needs at least one draw")
     hits = np.asarray(hits, np.float64)
+    groups = [(np.asarray(h, np.float64), n) for h, n in parts] if parts else [(hits, draws)]
     if binary or (not hits.any() and bounded is not None and bounded <= 1):
         k = int(np.count_nonzero(hits))
         lo, hi = wilson(k, draws, confidence)
         value = k / draws
+        if len(groups) > 1:  # no hits: each part's bound for none, summed
+            hi = min(1.0, sum(wilson(0, n, confidence)[1] if n > 0 else 1.0 for _, n in groups))
         return Estimate(scale * value, scale * lo, scale * hi, exact=False, draws=draws, confidence=confidence,
                         method="wilson")
-    mean = float(hits.sum()) / draws
-    parts = [(np.asarray(h, np.float64), n) for h, n in strata or () if n > 0]
-    if len(parts) > 1 and all(n > 1 for _, n in parts):
-        half = _z(confidence) * math.sqrt(sum((n / draws) ** 2 * _variance(h, n) / n for h, n in parts))
-    elif draws > 1:
-        half = _z(confidence) * math.sqrt(_variance(hits, draws) / draws)
+    mean = sum(float(h.sum()) / n for h, n in groups if n > 0)
+    if all(n > 1 for _, n in groups):
+        half = _z(confidence) * math.sqrt(sum(_variance(h, n) / n for h, n in groups))
     else:
         half = math.inf
     lo, hi = mean - half, mean + half
@@ -129,7 +133,7 @@ def probability(parts: Sequence[Tuple[Any, Sequence[Tuple[float, float, bool, in
     are (mass, rows, units), where ``mass`` (an ``execute.measure.Mass``) tells how the
     measurement was made, ``rows`` are (prob, weight, summed, stratum) of the group's rows in
     it, and ``units`` how many prefix token paths (exact) or draws (estimated) of the group's
-    prefix class it has, per stratum (the proposal a draw came from, ``Mass.strata``).
+    prefix class it has, per stratum (the part a draw measures, ``Mass.strata``).
 
     Exact: Σ prob / units, the mean over the class's prefix paths of P(group | path). Sampled:
     the mean of the draws' weight · 1(draw in group) over the class's draws, with the interval of
@@ -137,9 +141,10 @@ def probability(parts: Sequence[Tuple[Any, Sequence[Tuple[float, float, bool, in
     draws fell in the class, they are independent draws of a prefix path uniform over it, so
     this is a conditional mean over ``units`` draws; plus Σ prob of the rows summed exactly
     beside the draws (``summed``: one prefix path, whose draws never give those rows), which
-    shifts the interval and does not widen it. Where the draws alternate between proposals, the
-    interval's variance is that of their strata (``estimate_mean``). Several measurements (a
-    dataset's rows) are averaged, their interval half-widths combined in quadrature."""
+    shifts the interval and does not widen it. Where the draws alternate between disjoint parts
+    (the canonical tokenizations and the others), the value is the sum of the parts' means
+    (``estimate_mean``). Several measurements (a dataset's rows) are averaged, their interval
+    half-widths combined in quadrature."""
     values = []
     for mass, rows, strata in parts:
         units = sum(strata)
@@ -150,7 +155,8 @@ def probability(parts: Sequence[Tuple[Any, Sequence[Tuple[float, float, bool, in
             continue
         drawn = [r for r in rows if not r[2]]
         e = estimate_mean([r[1] for r in drawn], units, 1.0, 1.0, mass.confidence, mass.binary,
-                          strata=[([r[1] for r in drawn if r[3] == h], n) for h, n in enumerate(strata)])
+                          parts=[([r[1] for r in drawn if r[3] == h], n) for h, n in enumerate(strata)]
+                          if len(strata) > 1 else None)
         known = math.fsum(r[0] for r in rows if r[2])
         if known:
             e = Estimate(min(1.0, known + e), min(1.0, known + e.low), min(1.0, known + e.high), exact=False,

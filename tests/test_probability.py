@@ -391,9 +391,9 @@ def test_interval_coverage_over_seeds(con):
 
 def test_draws_that_follow_the_canonical_tokenizations_half_the_time_stay_unbiased(con):
     """Over every tokenization with more canonical tokenizations than exact_limit (0 here), every
-    other draw follows the canonical ones and each weighs P(x) / (the mixture's probability of
-    x): the 95% intervals cover the exact value (every tokenization summed) at about that rate
-    over 30 seeds, and their mean is close to it. A language in which a canonical tokenization's
+    other draw follows the canonical ones and measures them, the others the other tokenizations,
+    and the two parts add up: the 95% intervals cover the exact value (every tokenization summed)
+    at about that rate over 30 seeds, and their mean is close to it. A language in which a canonical tokenization's
     beginning spells a shorter string in another tokenization ('a\\n\\n1?': a, \\n, \\n) too,
     and one with two prefix paths, decoding rules and the end of text (whose step the canonical
     draws take only where their own string may end)."""
@@ -406,7 +406,7 @@ def test_draws_that_follow_the_canonical_tokenizations_half_the_time_stay_unbias
         assert exact.exact
         explain = con.sql("EXPLAIN " + base + ", exact_limit 0").fetchall()
         (line,) = [r[0] for r in explain if r[0].startswith("measure")]
-        assert "half the draws follow the canonical tokenizations" in line
+        assert "half the draws follow and measure the canonical tokenizations" in line
         ests = [con.sql(base + f", exact_limit 0, seed {s}, estimate_samples 100").fetchone()[0] for s in range(30)]
         covered = sum(e.low <= exact <= e.high for e in ests)
         assert covered >= 24, covered  # fewer would have probability 0.06% at 95%
@@ -417,10 +417,10 @@ def test_explain_says_how_an_estimate_treats_the_canonical_tokenizations(con):
     base = ("EXPLAIN SELECT probability() MATCHING 'The (cat|dog) (sat|ran) (down|up)' PREFIX 'The {}' "
             "USING tokenization all, exact_limit {}")
     for prefix, extra, how in (
-            ("cat", "3, topk 40", "half the draws follow the canonical tokenizations (more than exact_limit)"),
-            ("cat", "3, eos", "half the draws follow the canonical tokenizations (more than exact_limit)"),
-            ("cat", "3", "half the draws follow the canonical tokenizations (more than exact_limit)"),
-            ("(cat|dog)", "5", "half the draws follow the canonical tokenizations (the prefix has 2 token paths)"),
+            ("cat", "3, topk 40", "half the draws follow and measure the canonical tokenizations (more than exact_limit)"),
+            ("cat", "3, eos", "half the draws follow and measure the canonical tokenizations (more than exact_limit)"),
+            ("cat", "3", "half the draws follow and measure the canonical tokenizations (more than exact_limit)"),
+            ("(cat|dog)", "5", "half the draws follow and measure the canonical tokenizations (the prefix has 2 token paths)"),
             ("cat", "5, topk 40, eos", "their 4 canonical tokenizations summed exactly"),
             ("cat", "5, sampling exact",
              "the draws alone (the canonical tokenizations not treated apart: sampling exact)")):
@@ -596,31 +596,28 @@ def test_estimate_mean_is_the_mean_with_a_normal_interval():
     assert isinstance(e, float) and isinstance(e, Estimate) and not e.exact
 
 
-def test_draws_from_fixed_shares_of_two_proposals_get_the_strata_variance():
-    """Draws that alternate between two proposals (the canonical tokenizations and every
-    tokenization) are a stratified sample: the mean is the plain mean, its variance Σ (n_h/n)²
-    s_h² / n_h (numpy's, stratum by stratum), not the pooled one that counts the spread between
-    the strata too. Over 2,000 simulated runs the strata interval holds the true mean about 95%
-    of the time; the pooled one, about always (it is needlessly wide)."""
+def test_draws_that_measure_two_disjoint_parts_sum_their_means():
+    """Half the draws measure the canonical tokenizations, half the others: the value is the sum
+    of the two parts' means and its variance the sum of theirs, var_h / n_h (numpy's, part by
+    part). Over 2,000 simulated runs the interval holds the true sum about 95% of the time. With
+    no hit at all, each part's bound for none, summed."""
     rng = np.random.default_rng(1)
-    a, b = rng.uniform(1.8, 2.2, 50), np.concatenate([rng.uniform(0, 0.1, 10), np.zeros(40)])
+    a, b = rng.uniform(0.3, 0.5, 50), np.concatenate([rng.uniform(0, 0.1, 10), np.zeros(40)])
     hits = [x for x in np.concatenate([a, b]) if x]
-    e = estimate_mean(hits, 100, strata=[(a, 50), ([x for x in b if x], 50)])
-    assert e == pytest.approx(np.concatenate([a, b]).mean())
-    half = sstats.norm.ppf(0.975) * math.sqrt(0.25 * a.var(ddof=1) / 50 + 0.25 * b.var(ddof=1) / 50)
+    e = estimate_mean(hits, 100, bounded=1.0, parts=[(a, 50), ([x for x in b if x], 50)])
+    assert e == pytest.approx(a.mean() + b.mean())
+    half = sstats.norm.ppf(0.975) * math.sqrt(a.var(ddof=1) / 50 + b.var(ddof=1) / 50)
     assert (e.low, e.high) == pytest.approx((float(e) - half, float(e) + half))
-    pooled = estimate_mean(hits, 100)
-    assert pooled.high - pooled.low > 5 * (e.high - e.low)
-    covered = pooled_covered = 0
-    for _ in range(2000):  # stratum A: U(1.8, 2.2); stratum B: 1 in 5 hits U(0, 0.1); mean 1.005
-        a = rng.uniform(1.8, 2.2, 50)
+    covered = 0
+    for _ in range(2000):  # part A: U(0.3, 0.5); part B: 1 in 5 hits U(0, 0.1); their sum 0.41
+        a = rng.uniform(0.3, 0.5, 50)
         b = rng.uniform(0, 0.1, 50) * (rng.random(50) < 0.2)
-        hits = [x for x in np.concatenate([a, b]) if x]
-        e = estimate_mean(hits, 100, strata=[(a, 50), ([x for x in b if x], 50)])
-        covered += e.low <= 1.005 <= e.high
-        p = estimate_mean(hits, 100)
-        pooled_covered += p.low <= 1.005 <= p.high
-    assert 0.93 <= covered / 2000 <= 0.97 and pooled_covered == 2000
+        e = estimate_mean([x for x in np.concatenate([a, b]) if x], 100, bounded=1.0,
+                          parts=[(a, 50), ([x for x in b if x], 50)])
+        covered += e.low <= 0.41 <= e.high
+    assert 0.93 <= covered / 2000 <= 0.97
+    none = estimate_mean([], 100, bounded=1.0, parts=[([], 50), ([], 50)])
+    assert none == 0 and none.high == pytest.approx(2 * wilson(0, 50)[1])
 
 
 def test_draws_of_one_weight_have_no_variance_not_a_rounding_error():
@@ -690,10 +687,10 @@ def test_an_estimate_over_every_tokenization_sums_its_canonical_part_exactly(gem
     ((v,),) = s.sql(e + ", exact_limit 5, estimate_samples 200").fetchall()
     assert every_eos.exact and not v.exact and v.low >= canonical_eos * (1 - 1e-6)
     assert v == pytest.approx(every_eos, rel=2e-2)
-    # exact_limit 0: nothing summed, but every other draw follows the canonical tokenizations
-    # (their interval, like the summed one's, holds only the error the draws show)
+    # exact_limit 0: nothing summed, but half the draws measure the canonical tokenizations (at
+    # least their value here: those draws all give the one canonical tokenization)
     ((m,),) = s.sql(p + "tokenization all, exact_limit 0, estimate_samples 200").fetchall()
-    assert not m.exact and m == pytest.approx(every, rel=1e-3)
+    assert not m.exact and m == pytest.approx(every, rel=1e-3) and m.low >= canonical * (1 - 1e-6)
     # ... with eos too (the draws alone: 1.3e-18 against 3.5e-12)
     ((m,),) = s.sql(e + ", exact_limit 0, estimate_samples 200").fetchall()
     assert not m.exact and m == pytest.approx(every_eos, rel=2e-2)
@@ -704,7 +701,7 @@ def test_an_estimate_over_every_tokenization_sums_its_canonical_part_exactly(gem
     ((m,),) = s.sql(t + ", exact_limit 0, estimate_samples 200").fetchall()
     assert every_t.exact and not v.exact and v == pytest.approx(every_t, rel=1e-3)
     assert not m.exact and m == pytest.approx(every_t, rel=1e-3)
-    # two prefix paths: half the draws follow the canonical tokenizations after each
+    # two prefix paths: half the draws measure the canonical tokenizations after each
     two = "SELECT probability() AS p MATCHING '(I|We) said Hello' PREFIX '(I|We) said' USING tokenization all"
     ((x,),) = s.sql(two).fetchall()
     ((y,),) = s.sql(two + ", exact_limit 0, estimate_samples 200").fetchall()
@@ -1022,7 +1019,9 @@ def test_a_narrow_interval_prints_with_the_digits_that_tell_its_ends_apart():
     # no width: the ends print as the value does, not rounded past it ([3.51e-12, 3.51e-12])
     assert format_value(Estimate(3.507e-12, 3.507e-12, 3.507e-12, exact=False)) == "3.507e-12 [3.507e-12, 3.507e-12]"
     # a summed estimate whose draws found nothing: the low end was [4.7e-07, ...], above the value
-    assert format_value(Estimate(4.69638e-07, 4.69638e-07, 0.0188, exact=False)) == "4.6964e-07 [4.696e-07, 0.0188]"
+    assert format_value(Estimate(4.69638e-07, 4.69638e-07, 0.0188, exact=False)) == "4.696e-07 [4.696e-07, 0.0188]"
+    flat = 4.696206663859e-07  # no width, and not twelve digits to say so
+    assert format_value(Estimate(flat, flat, flat, exact=False)) == "4.696e-07 [4.696e-07, 4.696e-07]"
     ends = Estimate(1.0, 1.0 - 1e-10, 1.0 + 1e-10, exact=False)
     low, high = format_value(ends).split("[")[1].rstrip("]").split(", ")
     assert float(low) < float(high)

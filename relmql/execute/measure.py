@@ -27,9 +27,10 @@ each class, the rows of a measurement include rows that only count (``miss`` set
   most ``exact_limit``) and the prefix has one token path, they are summed exactly (rows with
   ``summed`` set, under the same decoding rules) and a draw that gives one of them counts as a
   miss: the value is that sum plus the mean weight of the draws that gave another
-  tokenization, still unbiased, and the draws' error only that of the rest. Elsewhere every
-  other draw follows them instead (``sampling.Sampler``'s twin). Only rejection draws
-  (``sampling exact``), which follow the model itself, take neither.
+  tokenization, still unbiased, and the draws' error only that of the rest. Elsewhere half the
+  draws estimate them, following the canonical automaton, and the other half the rest
+  (``sampling.Sampler``'s twin). Only rejection draws (``sampling exact``), which follow the
+  model itself, take neither.
 
 A row that only counts carries, as its text, a string of the language after its prefix path
 (the one with the fewest edits, then the fewest bytes; found in the byte automaton, without the
@@ -69,10 +70,10 @@ class Mass:
     binary: bool = False
     confidence: float = 0.95
     sequences: Optional[int] = None  # token sequences in the language, where counted
-    strata: int = 1  # draws that alternate between proposals: draw i (rank i + 1) from proposal i % strata
+    strata: int = 1  # draws that measure disjoint parts: draw i (rank i + 1) part i % strata, the value their sum
 
     def stratum(self, rank: int) -> int:
-        """The proposal a draw of this rank came from (0 where there is one)."""
+        """The part a draw of this rank measures (0 where there is one)."""
         return (rank - 1) % self.strata
 
 
@@ -108,13 +109,13 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
                             shortest_path(automaton, model, rules, opts.exact(), cancel, stats))
     twin, count = canonical_part(automaton, opts, prefixes) or (None, None)
     summed = twin if count is not None else None  # the canonical tokenizations summed, else drawn half the time
-    mixture = twin is not None and summed is None and opts.mode == "local"
-    mass = Mass(False, opts.samples, prefixes, opts.mode == "exact", opts.confidence, strata=2 if mixture else 1)
+    halves = twin is not None and summed is None and opts.mode == "local"
+    mass = Mass(False, opts.samples, prefixes, opts.mode == "exact", opts.confidence, strata=2 if halves else 1)
     drawn = SampleStats()
-    draws = sample(automaton, model, rules, opts.estimate(), cancel, drawn, twin=twin if mixture else None)
+    draws = sample(automaton, model, rules, opts.estimate(), cancel, drawn, twin=twin if halves else None)
     # local draws over every tokenization can miss the few that carry the probability (Gemma 3
     # reads its bare space token first): the strings' canonical tokenizations bound it from below
-    check = (summed is None and opts.mode == "local" and not automaton.canonical[1] and prefixes == 1
+    check = (twin is None and opts.mode == "local" and not automaton.canonical[1] and prefixes == 1
              and not rules.describe())
 
     def rows() -> Iterator[Row]:
@@ -153,7 +154,7 @@ def canonical_part(automaton: TokenAutomaton, opts: Measure, prefixes: int
                    ) -> Optional[Tuple[TokenAutomaton, Optional[int]]]:
     """Where a local estimate over every tokenization treats its canonical tokenizations apart:
     their automaton, and how many token sequences it has where they are summed exactly (one
-    prefix path, at most ``exact_limit``), or None where half the draws follow them instead
+    prefix path, at most ``exact_limit``), or None where half the draws measure them instead
     (``sampling.Sampler``'s twin). None where ``not_apart`` says why not, and where no canonical
     tokenization fits in max_tokens."""
     if automaton.canonical[1] or not_apart(automaton, opts):

@@ -136,21 +136,22 @@ class Sampler:
     their turn (``next_out``), and the model states cached for ``prefixes`` and for the
     completions already ``seen`` (at most ``cached_states`` each).
 
-    ``twin`` (local draws over every tokenization): the same language's canonical automaton.
-    Every other draw (the even ones, ``twin_share`` of them) then follows it, its tokens drawn
-    among those the twin allows (with ``eos``, the end of text where the twin's string may end),
-    renormalized under the decoding rules; the others draw over the whole automaton. Each draw
-    weighs P(x) / (the mixture's probability of drawing x), so the estimate stays unbiased and is
-    no longer blind to the canonical tokenizations where the model's likeliest allowed tokens lead
-    elsewhere (Gemma 3's bare space token); alternating rather than choosing at random keeps the
-    branch's share fixed, which only lowers the variance. A draw still ends where the whole
+    ``twin`` (local draws over every tokenization): the same language's canonical automaton. The
+    events are then measured in two disjoint parts, each by half the draws: the even draws follow
+    the twin (its tokens drawn among those it allows, and with ``eos`` the end of text where the
+    twin's string may end, renormalized under the decoding rules) and measure the canonical
+    tokenizations, weight P(x) / q_canonical(x); the odd ones draw over the whole automaton and
+    measure the other tokenizations, weight P(x) / q(x). A draw that ends in the other part
+    counts as a miss. Each part's mean is unbiased for its part and the estimate is their sum
+    (``Mass.strata``): no longer blind to the canonical tokenizations where the model's likeliest
+    allowed tokens lead elsewhere (Gemma 3's bare space token), and never counting a canonical
+    tokenization through the rare draws of the other part. A draw still ends where the whole
     automaton's language does (first_match), and one that the twin cannot go on from misses."""
 
     def __init__(self, automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opts: Sample,
                  stats: Optional[SampleStats] = None, twin: Optional[TokenAutomaton] = None):
         self.automaton, self.model = automaton, model
         self.twin = twin if twin is not None and opts.mode == "local" else None
-        self.twin_share = (opts.n + 1) // 2 / opts.n if opts.n else 0.5  # the even draws of n
         self._twin_starts: Dict[Tuple[int, ...], Optional[int]] = {}  # prefix path -> the twin's state after it
         self.context = getattr(model, "max_length", None) or sys.maxsize  # tokens the model reads at most
         self.rules, self.opts = rules.check(), opts.check()
@@ -357,12 +358,12 @@ class Sampler:
         self.finished += 1
         cond = w.cond + (eos_lp if self.rules.eos else 0.0)
         toks = list(w.prefix) + w.tokens
-        weight = w.weight
-        if self.twin is not None and weight > 0:  # P(x) / (the mixture's probability of x): 1 / Σ share / (P(x) / q(x))
-            share = self.twin_share
-            weight = 1.0 / ((1 - share) / weight + (share / w.twin_weight if w.twin_weight > 0 else 0.0))
+        weight, miss = w.weight, False
+        if self.twin is not None:  # a canonical draw measures the canonical tokenizations, the others the rest
+            canonical = w.twin_node is not None and self.twin.is_final(w.twin_node)
+            weight, miss = (w.twin_weight if w.canonical else weight), canonical != w.canonical
         self.done[w.index] = make_row(self.model.vocabulary, toks, len(w.prefix), cond, w.pre_raw + cond, edits,
-                                      w.index + 1, 1.0 if self.exact else weight)
+                                      w.index + 1, 1.0 if self.exact else weight, miss=miss)
 
     def rule_scores(self, st: ModelState) -> RuleScores:
         """The decoding rules on a state's distribution (cached on the state)."""
@@ -469,8 +470,9 @@ class Sampler:
         if not total > 0:
             return -1
         k = min(int(np.searchsorted(np.cumsum(pick), w.rng.random() * total, side="right")), len(p) - 1)
-        if allowed[k]:
-            w.twin_node, w.twin_weight = int(targets[k]), w.twin_weight * zc * scale
+        if allowed[k]:  # (the end of text leaves the twin where its string ends)
+            w.twin_node = int(targets[k]) if k < len(toks) else w.twin_node
+            w.twin_weight *= zc * scale
         else:
             w.twin_node, w.twin_weight = None, 0.0
         return k
