@@ -142,6 +142,7 @@ def _canonical_apart(automaton: TokenAutomaton, t: Measure, prefixes: int) -> st
     if split[1] is not None:
         return (f"; their {split[1]:,} canonical tokenization{'s' if split[1] != 1 else ''} summed exactly, "
                 f"the other tokenizations from the draws")
-    why = "more than exact_limit" if prefixes == 1 else f"the prefix has {format_count(prefixes)} token paths"
+    why = ("more canonical tokenizations than exact_limit" if prefixes == 1 else
+           f"the prefix has {format_count(prefixes)} token paths")
     return (f"; half the draws follow and measure the canonical tokenizations ({why}), half the other "
             f"tokenizations, the two parts summed")

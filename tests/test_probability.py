@@ -416,11 +416,11 @@ def test_draws_that_follow_the_canonical_tokenizations_half_the_time_stay_unbias
 def test_explain_says_how_an_estimate_treats_the_canonical_tokenizations(con):
     base = ("EXPLAIN SELECT probability() MATCHING 'The (cat|dog) (sat|ran) (down|up)' PREFIX 'The {}' "
             "USING tokenization all, exact_limit {}")
+    halves = "half the draws follow and measure the canonical tokenizations "
+    more = halves + "(more canonical tokenizations than exact_limit)"
     for prefix, extra, how in (
-            ("cat", "3, topk 40", "half the draws follow and measure the canonical tokenizations (more than exact_limit)"),
-            ("cat", "3, eos", "half the draws follow and measure the canonical tokenizations (more than exact_limit)"),
-            ("cat", "3", "half the draws follow and measure the canonical tokenizations (more than exact_limit)"),
-            ("(cat|dog)", "5", "half the draws follow and measure the canonical tokenizations (the prefix has 2 token paths)"),
+            ("cat", "3, topk 40", more), ("cat", "3, eos", more), ("cat", "3", more),
+            ("(cat|dog)", "5", halves + "(the prefix has 2 token paths)"),
             ("cat", "5, topk 40, eos", "their 4 canonical tokenizations summed exactly"),
             ("cat", "5, sampling exact",
              "the draws alone (the canonical tokenizations not treated apart: sampling exact)")):
