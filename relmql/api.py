@@ -230,6 +230,9 @@ class Result:
     def explain(self) -> str:
         """The plan of this statement."""
         if self._explain is None:
+            if self.kind == "text":  # the result of an EXPLAIN statement is the plan
+                raise Error("this is the result of EXPLAIN: its rows are the plan's lines",
+                            hint="read them with fetchall(), or print(result)")
             raise Error("only queries have a plan")
         return self._explain()
 

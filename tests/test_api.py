@@ -131,6 +131,10 @@ def test_explain(con):
     assert "runs until the language is exhausted" in con.sql(SMALL + " WHERE prob > 0").explain()
     with pytest.raises(relmql.Error, match="only queries have a plan"):
         fresh(con).sql("SET topk = 3").explain()
+    explained = con.sql("EXPLAIN " + SMALL)  # its rows are the plan; explain() says so
+    with pytest.raises(relmql.Error, match="this is the result of EXPLAIN") as info:
+        explained.explain()
+    assert "fetchall()" in info.value.hint and any(r[0].startswith("strings") for r in explained.fetchall())
 
 
 # -- cancel
