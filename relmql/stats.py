@@ -155,8 +155,7 @@ def probability(parts: Sequence[Tuple[Any, Sequence[Tuple[float, float, bool, in
             continue
         drawn = [r for r in rows if not r[2]]
         e = estimate_mean([r[1] for r in drawn], units, 1.0, 1.0, mass.confidence, mass.binary,
-                          parts=[([r[1] for r in drawn if r[3] == h], n) for h, n in enumerate(strata)]
-                          if len(strata) > 1 else None)
+                          parts=[([r[1] for r in drawn if r[3] == h], n) for h, n in enumerate(strata)])
         known = math.fsum(r[0] for r in rows if r[2])
         if known:
             e = Estimate(min(1.0, known + e), min(1.0, known + e.low), min(1.0, known + e.high), exact=False,

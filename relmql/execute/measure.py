@@ -109,7 +109,7 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
                             shortest_path(automaton, model, rules, opts.exact(), cancel, stats))
     twin, count = canonical_part(automaton, opts, prefixes) or (None, None)
     summed = twin if count is not None else None  # the canonical tokenizations summed, else drawn half the time
-    halves = twin is not None and summed is None and opts.mode == "local"
+    halves = twin is not None and count is None
     mass = Mass(False, opts.samples, prefixes, opts.mode == "exact", opts.confidence, strata=2 if halves else 1)
     drawn = SampleStats()
     draws = sample(automaton, model, rules, opts.estimate(), cancel, drawn, twin=twin if halves else None)
