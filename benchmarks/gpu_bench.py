@@ -9,7 +9,10 @@
 3. The ratio to ReLM-style search: time to the first row and rows per second of the George
    Washington (10 rows) and URL (100 rows) queries, relmql at batch 32 against ReLM-style.
 4. Where the executor's time goes at batch 256 (cProfile); batches of 512 and 1,024 each in one
-   forward pass (the logits cap raised); and, last, bfloat16 throughput.
+   forward pass (the logits cap raised); bfloat16 throughput.
+5. One forward pass alone (``forward``): a batch of one new token each over 16 cached ones, its
+   wall time against the GPU's kernel time in it (torch's profiler), and the same pass replayed
+   as a CUDA graph: how much of a pass is the host launching kernels.
 
 Each part writes its results to ``--json`` as soon as it ends (a lease may end first).
 
@@ -135,6 +138,70 @@ def profiled(model, ta, path, title: str, orders=("cumulative", "tottime")) -> D
     return got
 
 
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def forward_cost(model, batches=(32, 256, 1024), past: int = 16, reps: int = 20) -> List[Dict]:
+    """One forward pass of ``batch`` new tokens over ``past`` cached ones, plain transformers (no
+    relmql code but its key/value layout): wall ms (synchronized), the GPU's kernel ms in it, and ms replayed as a CUDA graph."""
+    from relmql.models.attention import preloaded_cache
+    m, dev = model.model, model.device
+    out = []
+    for b in batches:
+        gen = torch.Generator(device="cpu").manual_seed(b)
+        ids = torch.randint(0, m.config.vocab_size, (b, past + 1), generator=gen).to(dev)
+        with torch.no_grad():
+            # the executor's own layout: each layer's keys and values in a buffer with room for
+            # the new token, written in place (no allocation: the pass can be captured as a graph)
+            prefilled = m(ids[:, :past], use_cache=True).past_key_values
+            buffers = []
+            for layer in prefilled.layers:
+                k = layer.keys.new_empty(*layer.keys.shape[:2], past + 1, layer.keys.shape[-1])
+                v = torch.empty_like(k)
+                k[:, :, :past], v[:, :, :past] = layer.keys, layer.values
+                buffers.append((k, v))
+
+            def step():
+                return m(ids[:, past:], past_key_values=preloaded_cache(buffers, past), use_cache=True).logits
+
+            for _ in range(3):
+                step()
+            _sync(dev)
+            t = time.perf_counter()
+            for _ in range(reps):
+                step()
+            _sync(dev)
+            row = {"batch": b, "past": past, "wall_ms": (time.perf_counter() - t) / reps * 1e3}
+            if dev.type == "cuda":  # kernel time and graphs: CUDA only
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    for _ in range(reps):
+                        step()
+                    _sync(dev)
+                row["kernels_ms"] = sum(e.self_device_time_total for e in prof.key_averages()) / reps / 1e3
+                try:
+                    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream(dev)
+                    stream.wait_stream(torch.cuda.current_stream(dev))
+                    with torch.cuda.stream(stream):  # capture on a side stream, as torch requires
+                        step()
+                        with torch.cuda.graph(graph, stream=stream):
+                            step()
+                    torch.cuda.current_stream(dev).wait_stream(stream)
+                    graph.replay()
+                    _sync(dev)
+                    t = time.perf_counter()
+                    for _ in range(reps):
+                        graph.replay()
+                    _sync(dev)
+                    row["graph_ms"] = (time.perf_counter() - t) / reps * 1e3
+                except Exception as e:  # the model's code could not be captured
+                    row["graph_error"] = f"{type(e).__name__}: {e}"[:300]
+        out.append(row)
+        print(f"forward: {json.dumps(row)}", file=sys.stderr, flush=True)
+    return out
+
+
 def _pct(x) -> str:
     return "—" if x is None else f"{x:.0f}%"
 
@@ -173,6 +240,14 @@ def tables(runs: List[Dict]) -> str:
                            f"{b['rows_per_s']:.1f} | **{q['first_ratio']:.1f}× sooner, {q['rows_per_s_ratio']:.1f}× "
                            f"the rows/s** |")
             out.append("")
+        f = r.get("forward")
+        if f:
+            out += ["| one forward pass | wall | GPU kernels in it | kernels' share | as a CUDA graph |",
+                    "|---|---|---|---|---|"]
+            out += [f"| batch {x['batch']}, 1 new token over {x['past']} | {x['wall_ms']:.1f} ms | "
+                    f"{x.get('kernels_ms', 0):.2f} ms | {x.get('kernels_ms', 0) / x['wall_ms']:.0%} | "
+                    f"{'%.2f ms' % x['graph_ms'] if 'graph_ms' in x else 'not captured'} |" for x in f]
+            out.append("")
     return "\n".join(out).rstrip("\n")
 
 
@@ -184,7 +259,7 @@ def main(argv: List[str] = None) -> None:
     p.add_argument("--nodes", type=int, default=20_000, help="expanded nodes per throughput search, at most")
     p.add_argument("--json", help="write the results here (after each part)")
     p.add_argument("--profile", help="write the batch-256 profile here")
-    p.add_argument("--parts", default="exact,throughput,relm,profile,logits,bf16")
+    p.add_argument("--parts", default="exact,throughput,relm,profile,logits,forward,bf16")
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("torch sees no CUDA GPU here (--device cpu runs the same parts on the CPU)")
@@ -247,6 +322,8 @@ def main(argv: List[str] = None) -> None:
                 save("bf16_attention", half.attention)
                 save("throughput_bf16", [throughput(half, ta, b, 5000) for b in (32, 256)])
                 profiled(half, ta, args.profile, "bfloat16, batch 256", ("cumulative",))
+            elif part == "forward":
+                save("forward", forward_cost(model))
         except Exception as e:  # one part failing leaves the others' figures
             import traceback
             save(f"{part}_error", traceback.format_exc()[-3000:])
