@@ -6,6 +6,7 @@
 2. Throughput: expanded nodes per second of the URL search (top-k 40) at batch 32-512, with the
    share of wall time inside the model's forward passes and the GPU's utilization (NVML: the
    share of time a kernel was running, sampled every 50 ms).
+   The same searches with every forward pass eager (``eager``: no CUDA graphs), same run.
 3. The ratio to ReLM-style search: time to the first row and rows per second of the George
    Washington (10 rows) and URL (100 rows) queries, relmql at batch 32 against ReLM-style.
 4. Where the executor's time goes at batch 256 (cProfile); batches of 512 and 1,024 each in one
@@ -145,7 +146,8 @@ def _sync(dev: torch.device) -> None:
 
 def forward_cost(model, batches=(32, 256, 1024), past: int = 16, reps: int = 20) -> List[Dict]:
     """One forward pass of ``batch`` new tokens over ``past`` cached ones, plain transformers (no
-    relmql code but its key/value layout): wall ms (synchronized), the GPU's kernel ms in it, and ms replayed as a CUDA graph."""
+    relmql code but its key/value layout): wall ms (synchronized), the GPU's kernel ms in it, and
+    ms replayed as a CUDA graph."""
     from relmql.models.attention import preloaded_cache
     m, dev = model.model, model.device
     out = []
@@ -215,6 +217,7 @@ def tables(runs: List[Dict]) -> str:
         out += [f"**{label}** ({r.get('gpu', '?')}, torch {r.get('torch', '?')}; model loaded in "
                 f"{r['load']['seconds']:.0f} s)", ""]
         rows = [("float32", t, "") for t in r.get("throughput", [])]
+        rows += [("float32", t, "eager forward passes (no CUDA graphs)") for t in r.get("throughput_eager", [])]
         rows += [("float32", t, "one forward pass per batch") for t in r.get("throughput_one_pass", [])]
         rows += [("bfloat16", t, "") for t in r.get("throughput_bf16", [])]
         if rows:
@@ -259,7 +262,7 @@ def main(argv: List[str] = None) -> None:
     p.add_argument("--nodes", type=int, default=20_000, help="expanded nodes per throughput search, at most")
     p.add_argument("--json", help="write the results here (after each part)")
     p.add_argument("--profile", help="write the batch-256 profile here")
-    p.add_argument("--parts", default="exact,throughput,relm,profile,logits,forward,bf16")
+    p.add_argument("--parts", default="exact,throughput,eager,relm,profile,logits,forward,bf16")
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("torch sees no CUDA GPU here (--device cpu runs the same parts on the CPU)")
@@ -299,6 +302,14 @@ def main(argv: List[str] = None) -> None:
                 save("compile_url_seconds", time.perf_counter() - t)
                 save("throughput", [throughput(model, ta, b, max(args.nodes // 4, min(args.nodes, 40 * b)))
                                     for b in BATCHES])
+            elif part == "eager":  # the same searches with every forward pass eager (no CUDA graphs)
+                ta, graphs = url_of(model), model.graphs
+                model.graphs = None
+                try:
+                    save("throughput_eager", [throughput(model, ta, b, max(args.nodes // 4, min(args.nodes, 40 * b)))
+                                              for b in BATCHES])
+                finally:
+                    model.graphs = graphs
             elif part == "relm":
                 save("versus_relm", versus_relm(model))
             elif part == "profile":

@@ -127,6 +127,93 @@ def test_tree_attention_equals_padded_copies_and_plain_forward(request, model_na
         assert np.allclose(got[~np.isnan(got)], want[~np.isnan(got)], atol=1e-4)
 
 
+@pytest.mark.parametrize("model_name", ["tiny", "smol", "gemma"])
+def test_padded_passes_in_graph_shapes_equal_plain_forward(request, model_name):
+    """Padded passes laid out as CUDA graphs take them (batch rows and past positions padded to a
+    bucket, inputs copied into the bucket's buffers; here run eagerly, as no GPU captures them)
+    give each state the distribution of a plain forward pass over its whole sequence; a pass
+    with more new tokens than a graph takes runs as before."""
+    from relmql.models.graphs import MAX_NEW, Graphs, bucket
+    model = request.getfixturevalue(model_name)
+    enc = model.vocabulary.encode
+    a, b = enc("The man was trained in"), enc("Hello there, all of you")
+    attention = model.attention
+    try:
+        model._probe_graphs(capture=False)
+        assert model.graphs is not None and "shapes of CUDA graphs" in model.attention, model.attention
+        assert list(model.graphs.passes) == [("padded", 8, 32, 2), ("tree", 8, 32, 1)]
+        model.tree_attention = False
+        model.graphs = Graphs(model, capture=False)
+        root = model.extend([None], [a])[0]
+        kids = model.extend([root, root, root, None], [[a[1]], b[:2], [a[0], a[2], a[3]], b[:3]])
+        assert list(model.graphs.passes) == [("padded", 8, 32, 4)]  # the new root reads its start token too
+        long = model.extend([kids[0]], [b[:MAX_NEW + 1]])  # too many new tokens: not graphed
+        assert len(model.graphs.passes) == 1
+        more = model.extend([kids[0], kids[1], kids[0], kids[3], root], [[a[2]], [a[0]], b[:1], a[:2], [b[0]]])
+        assert list(model.graphs.passes) == [("padded", 8, 32, 4), ("padded", 8, 32, 2)]
+        states = kids + long + more
+    finally:
+        model.graphs, model.tree_attention, model.attention = None, True, attention
+    for st in states:
+        with torch.no_grad():
+            ref = torch.log_softmax(model.model(torch.tensor([list(st.tokens)])).logits[0].float(), -1)
+        assert torch.allclose(st.logprobs, ref[-1], atol=1e-4), (ref[-1] - st.logprobs).abs().max()
+        n = len(st.token_logprobs)
+        want = ref[np.arange(len(st.tokens) - n - 1, len(st.tokens) - 1), list(st.tokens[-n:])].double().numpy()
+        got = np.array(st.token_logprobs)
+        assert np.allclose(got[~np.isnan(got)], want[~np.isnan(got)], atol=1e-4)
+    sizes = [bucket(n) for n in range(1, 2000)]
+    assert sizes == sorted(sizes) and all(n <= s <= max(8, 1.5 * n) for n, s in zip(range(1, 2000), sizes))
+
+
+@pytest.mark.parametrize("model_name", ["tiny", "smol", "gemma"])
+def test_tree_passes_in_graph_shapes_equal_plain_forward(request, model_name):
+    """Tree-attention passes in the shapes of CUDA graphs (new tokens and ancestors' keys padded
+    to a bucket, the mask widened so that padding sees and is seen by nothing else) give each
+    state the distribution of a plain forward pass over its whole sequence."""
+    from relmql.models.graphs import Graphs
+    model = request.getfixturevalue(model_name)
+    assert model.tree_attention, model.attention
+    enc = model.vocabulary.encode
+    a, b = enc("The man was trained in"), enc("Hello there")
+    model.graphs = Graphs(model, capture=False)
+    try:
+        root = model.extend([None], [a])[0]
+        kids = model.extend([root, root, root, None], [[a[1]], b[:2], [a[0], a[2], a[3]], b])
+        states = kids + model.extend([kids[0], kids[1], kids[0], kids[3]], [[a[2]], [a[0]], b[:1], a[:2]])
+        assert [k[0] for k in model.graphs.passes] == ["tree", "tree"], list(model.graphs.passes)
+    finally:
+        model.graphs = None
+    for st in states:
+        with torch.no_grad():
+            ref = torch.log_softmax(model.model(torch.tensor([list(st.tokens)])).logits[0].float(), -1)
+        assert torch.allclose(st.logprobs, ref[-1], atol=1e-4), (ref[-1] - st.logprobs).abs().max()
+        n = len(st.token_logprobs)
+        want = ref[np.arange(len(st.tokens) - n - 1, len(st.tokens) - 1), list(st.tokens[-n:])].double().numpy()
+        got = np.array(st.token_logprobs)
+        assert np.allclose(got[~np.isnan(got)], want[~np.isnan(got)], atol=1e-4)
+
+
+@pytest.mark.parametrize("tree", [True, False])
+def test_a_search_through_graph_shapes_finds_the_same_rows(tiny, tree):
+    """The phone query's 30 best rows through passes in graph shapes (a batch of 37 nodes padded
+    to 48 rows, or its new tokens to 48 positions) are those of the eager passes, within float32
+    rounding."""
+    from relmql.execute import Decoding, ShortestPath, shortest_path
+    from relmql.models.graphs import Graphs
+    ta = compile("My phone number is [0-9]{3} [0-9]{4}", tiny.vocabulary, "My phone number is")
+    tiny.tree_attention = tree
+    try:
+        plain = list(shortest_path(ta, tiny, Decoding(), ShortestPath(limit=30, batch_size=37)))
+        tiny.graphs = Graphs(tiny, capture=False)
+        graphed = list(shortest_path(ta, tiny, Decoding(), ShortestPath(limit=30, batch_size=37)))
+        assert ("tree" if tree else "padded", 48, 32, 1) in tiny.graphs.passes, list(tiny.graphs.passes)
+    finally:
+        tiny.graphs, tiny.tree_attention = None, True
+    assert len(plain) == 30 and [r.tokens for r in plain] == [r.tokens for r in graphed]
+    assert max(abs(x.logprob - y.logprob) for x, y in zip(plain, graphed)) < 1e-4
+
+
 def test_tree_attention_keeps_gemmas_sliding_window(gemma):
     """Gemma 3's local layers see only the last 512 positions: past a prompt of 600 tokens, tree
     attention must keep that window in its mask (the direct forward pass applies it itself)."""

@@ -21,6 +21,7 @@ from ..memory import return_large_blocks
 from .attention import ATTENTION_NAME, Stage, preloaded_cache, use_grouped_attention
 from .base import LanguageModel, ModelState, ModelStats
 from .device import approximate, resolve_device, resolve_dtype
+from .graphs import PADDED, TREE, Graphs
 from .vocab import Vocabulary, from_tokenizer
 
 DEFAULT_KV_BUDGET = 2 ** 30  # bytes of cached keys and values kept per model (a query sets its own share)
@@ -100,8 +101,12 @@ class TransformersModel(LanguageModel):
         self._lock = threading.RLock()
         self.preload = True  # a call's past keys and values are laid out with room for its new ones
         self.tree_attention = False
+        self.graphs: Optional[Graphs] = None  # padded passes replayed as CUDA graphs (on a GPU)
+        self._kv_shape = None  # (2 * layers, kv_heads, head_dim), from the first block read
         self.attention = "padded copies of each sequence's keys and values"
         self._probe_tree_attention()
+        if self.device.type == "cuda":
+            self._probe_graphs()
 
     @classmethod
     def from_pretrained(cls, path: str, device: Optional[str] = None, dtype: Optional[str] = None,
@@ -178,6 +183,37 @@ class TransformersModel(LanguageModel):
             notes.append("grouped-query heads share their keys and values")
         self.attention += "".join(f"; {n}" for n in notes)
 
+    def _probe_graphs(self, capture: bool = True) -> None:
+        """Check that passes replayed as CUDA graphs (``capture`` False: the same padded shapes
+        run eagerly) give the eager passes' log-probabilities, padded and (where the model takes
+        it) under tree attention; if so they are used from then on, else EXPLAIN says why not."""
+        start, new = [self.eos_id, self.bos_id], [[self.bos_id], [self.eos_id, self.bos_id], [self.eos_id]]
+        tree = self.tree_attention
+        why, graphs = None, Graphs(self, capture)
+        try:
+            root = self.extend([None], [start])[0]
+            parents = [root, root, None]
+            for self.tree_attention in sorted({False, tree}):
+                self.graphs = None
+                reference = self.extend(parents, new)
+                self.graphs = graphs
+                for _ in range(2):  # a shape is captured when it is met again
+                    if not _agrees(reference, lambda: self.extend(parents, new)):
+                        why = "they gave other numbers"
+        except Exception as e:  # the model's code could not be captured
+            why = f"{type(e).__name__}"
+        finally:
+            self.tree_attention = tree
+            self.stats = ModelStats()
+            self._stage.clear()
+        if why is None and graphs.captured == 1 + tree:
+            self.graphs = graphs
+            self.attention += ("; forward passes replayed as CUDA graphs" if capture else
+                               "; forward passes in the shapes of CUDA graphs, run eagerly")
+        else:
+            self.graphs = None
+            self.attention += f"; forward passes run eagerly (CUDA graphs: {why or 'no shape fits'})"
+
     @contextlib.contextmanager
     def _original_attention(self):
         """A context in which the model attends as transformers has it (not ``relmql_sdpa``)."""
@@ -215,7 +251,9 @@ class TransformersModel(LanguageModel):
     def _evict(self):
         if self._stage.nbytes > self.kv_budget // 2:
             self._stage.clear()  # a budget too small to keep it: laid out afresh each call
-        while self._kv_bytes + self._stage.nbytes > self.kv_budget and self._kv_lru:
+        if self.graphs is not None:
+            self.graphs.shrink(self.kv_budget // 2)  # a budget made smaller since they were captured
+        while self.kv_bytes > self.kv_budget and self._kv_lru:
             key, ref = self._kv_lru.popitem(last=False)
             block = ref()
             if block is not None and block.kv is not None:
@@ -228,8 +266,9 @@ class TransformersModel(LanguageModel):
 
     @property
     def kv_bytes(self) -> int:
-        """Bytes of keys and values held now (the blocks and the staging buffer)."""
-        return self._kv_bytes + self._stage.nbytes
+        """Bytes of keys and values held now (the blocks, the staging buffer and the graphed
+        passes' buffers)."""
+        return self._kv_bytes + self._stage.nbytes + (self.graphs.nbytes if self.graphs is not None else 0)
 
     # -- reading tokens
     @torch.inference_mode()
@@ -369,42 +408,69 @@ class TransformersModel(LanguageModel):
         return self._forward_padded(seqs)
 
     def _forward_padded(self, seqs) -> List[ModelState]:
-        """The batch as padded sequences: each one's past keys and values copied, left-padded."""
+        """The batch as padded sequences: each one's past keys and values copied, left-padded (on
+        a GPU, into the buffers of a captured pass of the next larger shape, ``graphs.Pass``)."""
         dev = self.device
+        chains = [c for _, c, _, _ in seqs]
         past_len = [len(p) if c is not None else 0 for p, c, _, _ in seqs]
         new_len = [len(n) for _, _, n, _ in seqs]
         B, P, N = len(seqs), max(past_len), max(new_len)
-        ids = torch.zeros((B, N), dtype=torch.long)
-        mask = torch.zeros((B, P + N), dtype=torch.long)
-        pos = torch.zeros((B, N), dtype=torch.long)
+        graphed = self._graphed(PADDED, B, P, N, [b for c in chains if c is not None for b in c])
+        rows, P = (graphed.rows, graphed.past) if graphed is not None else (B, P)
+        ids = torch.zeros((rows, N), dtype=torch.long)
+        mask = torch.zeros((rows, P + N), dtype=torch.long)
+        pos = torch.zeros((rows, N), dtype=torch.long)
+        mask[B:, P:] = 1  # rows that only pad the batch to its graph's shape see their own tokens
         for b, (_, _, new, _) in enumerate(seqs):
             ids[b, :len(new)] = torch.tensor(new)
             mask[b, P - past_len[b]:P + len(new)] = 1
             pos[b, :len(new)] = torch.arange(past_len[b], past_len[b] + len(new))
-        cache = self._batch_cache([c for _, c, _, _ in seqs], past_len, P, N) if P else _full_cache()
-        out, logprobs = self._run(ids, mask.to(dev), pos, cache, sum(new_len))
+        if graphed is not None:
+            graphed.ids.copy_(ids)
+            graphed.mask.copy_(mask)
+            graphed.pos.copy_(pos)
+            self._batch_cache(chains, past_len, P, N, into=graphed)
+            out, logprobs = self._run(None, None, None, None, sum(new_len), run=graphed)
+        else:
+            cache = self._batch_cache(chains, past_len, P, N) if P else _full_cache()
+            out, logprobs = self._run(ids, mask.to(dev), pos, cache, sum(new_len))
+        logprobs = logprobs[:B]
         # log-probability of each new token given the ones before it
         nxt = torch.zeros((B, N), dtype=torch.long, device=dev)
-        nxt[:, :-1] = ids[:, 1:].to(dev)
+        nxt[:, :-1] = ids[:B, 1:].to(dev)
         within = torch.gather(logprobs, 2, nxt.unsqueeze(-1)).squeeze(-1).double().cpu().numpy()
         last = torch.tensor(new_len, device=dev) - 1
         nexts = logprobs[torch.arange(B, device=dev), last]  # [B, vocab]: the batch's logprobs can go
         layers = _cache_tensors(out[self._cache_arg])
         # the new tokens' keys and values of the whole batch in one tensor; blocks are views of it,
         # and its bytes count until the last of them is dropped
-        fresh = torch.stack([t for k, v in layers for t in (k[:, :, P:], v[:, :, P:])], 1)
+        fresh = torch.stack([t for k, v in layers for t in (k[:B, :, P:], v[:B, :, P:])], 1)
         return self._states(seqs, [fresh[b, :, :, :n] for b, n in enumerate(new_len)], list(within), nexts,
                             _Store(fresh.numel() * fresh.element_size()))
 
-    def _run(self, ids, mask, pos, cache, ntokens: int, logits: bool = True):
+    def _graphed(self, kind: str, rows: int, past: int, new: int, blocks):
+        """The CUDA-graph pass for a call of this shape (``graphs.Graphs.get``), or None;
+        ``blocks``: some of the call's past blocks (the first gives the key/value layout)."""
+        if self.graphs is None or not past:
+            return None
+        if self._kv_shape is None:
+            ref = blocks[0].kv
+            self._kv_shape = (ref.shape[0], ref.shape[1], ref.shape[3])
+        return self.graphs.get(kind, rows, past, new, LOGITS_BYTES)
+
+    def _run(self, ids, mask, pos, cache, ntokens: int, logits: bool = True, run=None):
         """One forward pass, timed and counted: its output and float32 log-probabilities (as
         transformers scores; its rounding moves a log-probability by up to 3e-5), or only its
-        keys and values (``logits`` False: the log-probabilities are None)."""
+        keys and values (``logits`` False: the log-probabilities are None). ``run``: a
+        ``graphs.Pass`` whose buffers hold the call (the other inputs are then None)."""
         dev = self.device
         t0 = time.perf_counter()
         keep = {} if logits or not self._keep_arg else {"logits_to_keep": 1}
-        out = self.model(input_ids=ids.to(dev), attention_mask=mask, position_ids=pos.to(dev),
-                         use_cache=True, **{self._cache_arg: cache}, **keep)
+        if run is not None:
+            out = run.run()
+        else:
+            out = self.model(input_ids=ids.to(dev), attention_mask=mask, position_ids=pos.to(dev),
+                             use_cache=True, **{self._cache_arg: cache}, **keep)
         logprobs = torch.log_softmax(out.logits.float(), dim=-1) if logits else None
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
@@ -473,13 +539,24 @@ class TransformersModel(LanguageModel):
             for f in among:
                 allowed[r0:r1, U + starts[f]:U + starts[f + 1]] = True
             allowed[r0:r1, U + r0:U + r1] = np.tril(np.ones((r1 - r0, r1 - r0), bool))
-        pos = torch.from_numpy(depth[U:]).unsqueeze(0)
+        graphed = self._graphed(TREE, T, U, 1, union) if logits else None
+        if graphed is not None:  # padded to the graph's shape: its extra keys and rows see nothing else
+            Tb, Ub = graphed.rows, graphed.past
+            wide = np.zeros((Tb, Ub + Tb), bool)
+            wide[:T, :U], wide[:T, Ub:Ub + T] = allowed[:, :U], allowed[:, U:]
+            wide[np.arange(T, Tb), Ub + np.arange(T, Tb)] = True
+            deep = np.zeros(Ub + Tb, np.int64)
+            deep[:U], deep[Ub:Ub + T] = depth[:U], depth[U:]
+            allowed, depth, at = wide, deep, Ub
+        else:
+            Tb, at = T, U
+        pos = torch.from_numpy(depth[at:]).unsqueeze(0)
         masks = {}
         for kind, window in self._mask_kinds:
-            ok = allowed if window is None else allowed & (depth[U:, None] - depth[None, :] < window)
-            m = torch.zeros((1, 1, T, U + T), dtype=self.dtype)
+            ok = allowed if window is None else allowed & (depth[at:, None] - depth[None, :] < window)
+            m = torch.zeros((1, 1, Tb, at + Tb), dtype=self.dtype)
             m.masked_fill_(torch.from_numpy(~ok), torch.finfo(self.dtype).min)
-            masks[kind] = m.to(dev)
+            masks[kind] = m.to(dev) if graphed is None else graphed.masks[kind].copy_(m)
         mask = masks[None] if None in masks else masks
         cache = _full_cache()
         if U:
@@ -487,16 +564,25 @@ class TransformersModel(LanguageModel):
                 self._touch(blk)
             # the ancestors' keys and values one after another, with room for the new tokens'
             full = self._stage.lay_out(union, T)  # [2 * layers, kv_heads, >= U + T, head_dim]
-            cache = self._preloaded([(full[2 * i, :, :U + T].unsqueeze(0), full[2 * i + 1, :, :U + T].unsqueeze(0))
-                                     for i in range(full.shape[0] // 2)], U)
-        out, logprobs = self._run(ids.unsqueeze(0), mask, pos, cache, T, logits)
+            if graphed is None:
+                cache = self._preloaded([(full[2 * i, :, :U + T].unsqueeze(0), full[2 * i + 1, :, :U + T].unsqueeze(0))
+                                         for i in range(full.shape[0] // 2)], U)
+            else:
+                graphed.kv[:, :, :U].copy_(full[:, :, :U])
+        if graphed is None:
+            out, logprobs = self._run(ids.unsqueeze(0), mask, pos, cache, T, logits)
+        else:
+            graphed.ids[0, :T].copy_(ids)
+            graphed.pos.copy_(pos)
+            out, logprobs = self._run(None, None, None, None, T, run=graphed)
         layers = _cache_tensors(out[self._cache_arg])
-        fresh = torch.stack([t[0, :, U:] for k, v in layers for t in (k, v)], 0)  # [2 * layers, kv_heads, T, d]
-        return fresh, (logprobs[0] if logits else None), ids
+        fresh = torch.stack([t[0, :, at:at + T] for k, v in layers for t in (k, v)], 0)  # [2 * layers, kv_heads, T, d]
+        return fresh, (logprobs[0, :T] if logits else None), ids
 
-    def _batch_cache(self, chains, past_len, P, N):
+    def _batch_cache(self, chains, past_len, P, N, into=None):
         """The batch's past keys and values, left-padded to ``P``, each followed by room for
-        ``N`` new tokens, built with one concatenation."""
+        ``N`` new tokens, built with one concatenation (``into``: a ``graphs.Pass`` whose buffer
+        takes them, its rows beyond the batch's zeros; nothing is returned)."""
         ref = next(c for c in chains if c is not None)[0].kv
         zeros = ref.new_zeros(ref.shape[:2] + (P + N,) + ref.shape[3:])
         pieces = []
@@ -507,6 +593,10 @@ class TransformersModel(LanguageModel):
                 self._touch(blk)
                 pieces.append(blk.kv)
             pieces.append(zeros[:, :, :N])
+        if into is not None:
+            pieces += [zeros] * (into.rows - len(chains))
+            torch.cat(pieces, dim=2, out=into.kv)
+            return None
         full = torch.cat(pieces, dim=2)  # [2 * layers, kv_heads, batch * (P + N), head_dim]
         full = full.view(ref.shape[0], ref.shape[1], len(chains), P + N, ref.shape[3])
         return self._preloaded([(full[2 * i].transpose(0, 1), full[2 * i + 1].transpose(0, 1))

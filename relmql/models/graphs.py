@@ -1,0 +1,148 @@
+"""Forward passes replayed as CUDA graphs. On a GPU, an eager forward pass of a small model costs
+what the host takes to launch its kernels, not what they take to run (SmolLM2 on an H200: about
+28 ms a pass at batch 32 or 1,024, its kernels 4 to 15 ms); a pass captured once as a graph
+launches them all at once. A graph fixes its shapes and addresses, so each pass is padded to a
+bucket (rows, past positions) and its inputs copied into buffers of the bucket's own; a search
+then reuses a few graphs. Both kinds of pass are graphed: padded copies (``rows`` sequences of
+``past`` cached and ``new`` new tokens) and tree attention (``rows`` new tokens in one sequence
+over ``past`` ancestors' keys and values, under a 4D mask). Every pass's keys and values live in
+one shared buffer (the passes run one at a time). Where capture fails, passes run eagerly."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Dict, Optional
+
+import torch
+
+from .attention import preloaded_cache
+
+MAX_NEW = 4  # new tokens per sequence in a graphed padded pass, at most (a search reads one per node)
+PAST_STEP = 32  # past positions are padded to a multiple of this
+MAX_GRAPHS = 8  # shapes kept; the least recently used is dropped (also to keep within the budget)
+PADDED, TREE = "padded", "tree"
+
+
+def bucket(n: int) -> int:
+    """Rows of a graphed pass: ``n`` rounded up to 8, 12, 16, 24, 32, 48, ... (at most half again)."""
+    size = 8
+    while size < n:
+        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
+    return size
+
+
+class Pass:
+    """One forward pass of fixed shape. Fill ``ids``, ``pos``, ``mask`` (padded: ``[rows, past +
+    new]`` of 0/1; tree: a 4D additive mask per mask kind, in ``masks``) and ``kv`` (every layer's
+    keys and values: padded, laid out as ``TransformersModel._batch_cache`` lays them; tree,
+    ``[2 * layers, kv_heads, past + rows, head_dim]``), then ``run``: its output lives in the
+    graph's memory (read it before the next run)."""
+
+    def __init__(self, model, kind: str, rows: int, past: int, new: int, kv: torch.Tensor,
+                 mask_kinds, capture: bool, pool=None):
+        self.model, self.kind, self.rows, self.past, self.new = model, kind, rows, past, new
+        dev, (layers2, heads, dim) = model.device, model._kv_shape
+        seqs, length = (rows, new) if kind == PADDED else (1, rows)
+        self.ids = torch.zeros((seqs, length), dtype=torch.long, device=dev)
+        self.pos = torch.zeros((seqs, length), dtype=torch.long, device=dev)
+        if kind == PADDED:
+            self.mask = torch.ones((rows, past + new), dtype=torch.long, device=dev)
+            self.kv = kv.view(layers2, heads, rows * (past + new), dim)
+            full = self.kv.view(layers2, heads, rows, past + new, dim)
+            self.layers = [(full[2 * i].transpose(0, 1), full[2 * i + 1].transpose(0, 1)) for i in range(layers2 // 2)]
+        else:
+            self.masks: Dict = {k: torch.zeros((1, 1, rows, past + rows), dtype=model.dtype, device=dev)
+                                for k, _ in mask_kinds}
+            self.mask = self.masks[None] if None in self.masks else self.masks
+            self.kv = kv.view(layers2, heads, past + rows, dim)
+            self.layers = [(self.kv[2 * i].unsqueeze(0), self.kv[2 * i + 1].unsqueeze(0)) for i in range(layers2 // 2)]
+        self.graph, self.out = None, None
+        if capture:
+            stream = torch.cuda.Stream(dev)
+            stream.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(stream):  # warm up, then capture, on a side stream (as torch asks)
+                self._forward()
+                self.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(self.graph, pool=pool, stream=stream):
+                    self.out = self._forward()
+            torch.cuda.current_stream(dev).wait_stream(stream)
+
+    @property
+    def logits_bytes(self) -> int:
+        """What the pass's output holds between calls (its logits)."""
+        return self.rows * self.new * len(self.model.vocabulary) * self.model.dtype.itemsize
+
+    def _forward(self):
+        m = self.model
+        return m.model(input_ids=self.ids, attention_mask=self.mask, position_ids=self.pos, use_cache=True,
+                       **{m._cache_arg: preloaded_cache(self.layers, self.past)})
+
+    def run(self):
+        """The pass over the buffers' present contents: its output."""
+        if self.graph is None:
+            self.out = self._forward()
+        else:
+            self.graph.replay()
+        return self.out
+
+
+class Graphs:
+    """The graphed passes of one model, by kind and shape. A shape is captured the second time a
+    call needs it (one-off shapes stay eager); the least recently used is dropped beyond
+    ``MAX_GRAPHS``, or beyond half the model's key/value budget, which their bytes count in.
+    ``capture`` False runs the same padded shapes eagerly from the first call (a CPU checks them)."""
+
+    def __init__(self, model, capture: bool = True):
+        self.model, self.capture = model, capture
+        self.passes: "OrderedDict[tuple, Pass]" = OrderedDict()
+        self.seen: set = set()
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.arena: Optional[torch.Tensor] = None  # the keys and values of every pass
+        self.captured = 0
+
+    @property
+    def nbytes(self) -> int:
+        arena = 0 if self.arena is None else self.arena.numel() * self.arena.element_size()
+        return arena + sum(p.logits_bytes for p in self.passes.values())
+
+    def shrink(self, room: int) -> None:
+        """Drop the least recently used passes while they hold more than ``room`` bytes (the
+        shared key/value buffer with the last of them)."""
+        while self.passes and self.nbytes > room:
+            self.passes.popitem(last=False)
+        if not self.passes:
+            self.arena = None
+
+    def get(self, kind: str, rows: int, past: int, new: int, logits_bytes: int) -> Optional[Pass]:
+        """The pass of ``kind`` for ``rows`` sequences (tree: new tokens) of at most ``past``
+        cached and ``new`` new tokens; None where it runs eagerly (first seen, or too large:
+        its logits over ``logits_bytes``, its bytes over half the key/value budget)."""
+        if not past or new > MAX_NEW:
+            return None
+        key = (kind, bucket(rows), -(-past // PAST_STEP) * PAST_STEP, new)
+        got = self.passes.get(key)
+        if got is not None:
+            self.passes.move_to_end(key)
+            return got
+        if self.capture and key not in self.seen:
+            self.seen.add(key)
+            return None
+        m, (layers2, heads, dim) = self.model, self.model._kv_shape
+        _, rows, past, new = key
+        logits = rows * new * len(m.vocabulary)
+        cells = layers2 * heads * dim * (rows * (past + new) if kind == PADDED else past + rows)
+        arena = max(cells, 0 if self.arena is None else self.arena.numel())
+        room = m.kv_budget // 2
+        if logits * 4 > logits_bytes or (arena + logits) * m.dtype.itemsize > room:
+            return None
+        while self.passes and (len(self.passes) >= MAX_GRAPHS or self.nbytes + logits * m.dtype.itemsize
+                               + (arena - self.arena.numel()) * m.dtype.itemsize > room):
+            self.passes.popitem(last=False)
+        if self.arena is None or self.arena.numel() < cells:
+            self.passes.clear()  # they read the old buffer
+            self.arena = None
+            self.arena = torch.zeros(cells, dtype=m.dtype, device=m.device)
+        got = self.passes[key] = Pass(m, kind, rows, past, new, self.arena[:cells], m._mask_kinds,
+                                      self.capture, self.pool)
+        self.captured += 1
+        return got
