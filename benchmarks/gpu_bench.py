@@ -157,7 +157,7 @@ def forward_cost(model, batches=(32, 256, 1024), past: int = 16, reps: int = 20)
         with torch.no_grad():
             # the executor's own layout: each layer's keys and values in a buffer with room for
             # the new token, written in place (no allocation: the pass can be captured as a graph)
-            prefilled = m(ids[:, :past], use_cache=True).past_key_values
+            prefilled = m(ids[:, :past], use_cache=True)[model._cache_arg]
             buffers = []
             for layer in prefilled.layers:
                 k = layer.keys.new_empty(*layer.keys.shape[:2], past + 1, layer.keys.shape[-1])
@@ -166,7 +166,7 @@ def forward_cost(model, batches=(32, 256, 1024), past: int = 16, reps: int = 20)
                 buffers.append((k, v))
 
             def step():
-                return m(ids[:, past:], past_key_values=preloaded_cache(buffers, past), use_cache=True).logits
+                return m(ids[:, past:], use_cache=True, **{model._cache_arg: preloaded_cache(buffers, past)}).logits
 
             for _ in range(3):
                 step()
@@ -221,10 +221,10 @@ def tables(runs: List[Dict]) -> str:
         rows += [("float32", t, "one forward pass per batch") for t in r.get("throughput_one_pass", [])]
         rows += [("bfloat16", t, "") for t in r.get("throughput_bf16", [])]
         if rows:
-            out += ["| dtype | batch | expanded nodes | nodes/s | in forward passes | GPU utilization | note |",
-                    "|---|---|---|---|---|---|---|"]
-            out += [f"| {dt} | {t['batch']} | {t['nodes']:,} | {t['nodes_per_s']:,.0f} | {t['forward_share']:.0%} | "
-                    f"{_pct(t['gpu_utilization'])} | {note} |" for dt, t, note in rows]
+            out += ["| dtype | batch | expanded nodes | nodes/s | forward passes | in forward passes | GPU utilization "
+                    "| note |", "|---|---|---|---|---|---|---|---|"]
+            out += [f"| {dt} | {t['batch']} | {t['nodes']:,} | {t['nodes_per_s']:,.0f} | {t['forward_calls']} | "
+                    f"{t['forward_share']:.0%} | {_pct(t['gpu_utilization'])} | {note} |" for dt, t, note in rows]
             out.append("")
         e = r.get("exact")
         if e:

@@ -4,7 +4,7 @@
 #
 #   here:   bash benchmarks/gpu_carry.sh build [OLD_COMMIT]
 #           writes .gpu-a/ (site-packages for CPython 3.12: pynini with its debug symbols stripped,
-#           422 MB -> 38 MB, lark, gguf, transformers, prompt_toolkit, xz-compressed; the first
+#           422 MB -> 39 MB, lark, gguf, transformers, prompt_toolkit, xz-compressed; the first
 #           half of SmolLM2's GGUF) and .gpu-b/ (its second half; with OLD_COMMIT, that commit's
 #           tree, to measure the executor before and after on the same machine)
 #   call 1: carry [".gpu-a"], command "bash benchmarks/gpu_carry.sh unpack"

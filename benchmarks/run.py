@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from . import (compile_bench, execute_bench, executor_bench, gemma_bench, gpu_be
 from .setting import setting
 
 ROOT = Path(__file__).resolve().parent.parent
+GPU_RUNS = ROOT / "docs" / "gpu-runs.json"  # later GPU runs' results, kept: their tables are written from it
 
 
 def _mark(tag: str, body: str) -> str:
@@ -54,24 +56,20 @@ def main():
     out = ROOT / "docs" / "benchmarks.md"
     rows = compile_bench.run() if args.only in (None, "compile") else None
     if args.execute_json:
-        import json
         executed = json.loads(Path(args.execute_json).read_text())
     else:
         executed = execute_bench.run(args.seconds) if args.only in (None, "execute") else None
     if args.executor_json:
-        import json
         versus = json.loads(Path(args.executor_json).read_text())
     else:
         versus = executor_bench.run() if args.only in (None, "executor") else None
     measured = measure_bench.run() if args.only in (None, "measure") else None
     scaled = scale_bench.run() if args.only in (None, "scale") else None
     if args.gemma_json:
-        import json
         gemma = json.loads(Path(args.gemma_json).read_text())
     else:
         gemma = gemma_bench.run() if args.only in (None, "gemma") else None
     if args.precision_json:
-        import json
         precise = json.loads(Path(args.precision_json).read_text())
     else:
         precise = precision_bench.run() if args.only in (None, "precision") else None
@@ -86,7 +84,6 @@ def main():
     gemma_part = gemma_bench.tables(gemma) if gemma else _section(old, "<!-- gemma -->")
     precision_part = precision_bench.tables(precise) if precise else _section(old, "<!-- precision -->")
     if args.gpu_json:
-        import json
         gpu_part = gpu_bench.tables(json.loads(Path(args.gpu_json).read_text()))
     else:
         gpu_part = _section(old, "<!-- gpu -->")
@@ -113,7 +110,8 @@ def main():
                 .replace("{{scale_tables}}", _mark("<!-- scale -->", scale_part))
                 .replace("{{gemma_tables}}", _mark("<!-- gemma -->", gemma_part))
                 .replace("{{precision_tables}}", _mark("<!-- precision -->", precision_part))
-                .replace("{{gpu_tables}}", _mark("<!-- gpu -->", gpu_part)))
+                .replace("{{gpu_tables}}", _mark("<!-- gpu -->", gpu_part))
+                .replace("{{gpu_runs_tables}}", gpu_bench.tables(json.loads(GPU_RUNS.read_text()))))
     out.write_text(text)
     print(f"wrote {out}")
 
