@@ -11,7 +11,9 @@
    Washington (10 rows) and URL (100 rows) queries, relmql at batch 32 against ReLM-style.
 4. Where the executor's time goes at batch 256 (cProfile); batches of 512 and 1,024 each in one
    forward pass (the logits cap raised); bfloat16 throughput.
-5. One forward pass alone (``forward``): a batch of one new token each over 16 cached ones, its
+5. The executor alone on this machine's host (``host``: ``executor_bench.stub``, a nearly free
+   model with SmolLM2's vocabulary, batch 256), to tell the host's speed from the GPU's.
+6. One forward pass alone (``forward``): a batch of one new token each over 16 cached ones, its
    wall time against the GPU's kernel time in it (torch's profiler), and the same pass replayed
    as a CUDA graph: how much of a pass is the host launching kernels.
 
@@ -216,6 +218,9 @@ def tables(runs: List[Dict]) -> str:
         r, label = run["results"], run["label"]
         out += [f"**{label}** ({r.get('gpu', '?')}, torch {r.get('torch', '?')}; model loaded in "
                 f"{r['load']['seconds']:.0f} s)", ""]
+        if r.get("host"):
+            out += [f"The executor alone on this host (a nearly free model with SmolLM2's vocabulary, URL search, "
+                    f"batch 256): {r['host']['nodes_per_s']:,.0f} nodes/s.", ""]
         rows = [("float32", t, "") for t in r.get("throughput", [])]
         rows += [("float32", t, "eager forward passes (no CUDA graphs)") for t in r.get("throughput_eager", [])]
         rows += [("float32", t, "one forward pass per batch") for t in r.get("throughput_one_pass", [])]
@@ -262,7 +267,7 @@ def main(argv: List[str] = None) -> None:
     p.add_argument("--nodes", type=int, default=20_000, help="expanded nodes per throughput search, at most")
     p.add_argument("--json", help="write the results here (after each part)")
     p.add_argument("--profile", help="write the batch-256 profile here")
-    p.add_argument("--parts", default="exact,throughput,eager,relm,profile,logits,forward,bf16")
+    p.add_argument("--parts", default="host,exact,throughput,eager,relm,profile,logits,forward,bf16")
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("torch sees no CUDA GPU here (--device cpu runs the same parts on the CPU)")
@@ -333,6 +338,9 @@ def main(argv: List[str] = None) -> None:
                 save("bf16_attention", half.attention)
                 save("throughput_bf16", [throughput(half, ta, b, 5000) for b in (32, 256)])
                 profiled(half, ta, args.profile, "bfloat16, batch 256", ("cumulative",))
+            elif part == "host":
+                from .executor_bench import stub
+                save("host", stub("canonical", 256))
             elif part == "forward":
                 save("forward", forward_cost(model))
         except Exception as e:  # one part failing leaves the others' figures

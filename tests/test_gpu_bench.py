@@ -14,7 +14,7 @@ from relmql.models import hf
 def test_gpu_bench_parts_and_table_without_a_gpu(tmp_path):
     out = tmp_path / "gpu.json"
     cap = hf.LOGITS_BYTES
-    gpu_bench.main(["--model", "tiny-gpt2", "--device", "cpu", "--nodes", "400", "--parts", "throughput,logits,eager,forward",
+    gpu_bench.main(["--model", "tiny-gpt2", "--device", "cpu", "--nodes", "400", "--parts", "host,throughput,logits,eager,forward",
                     "--json", str(out)])
     assert hf.LOGITS_BYTES == cap  # the logits part raises the cap for its searches only
     res = json.loads(out.read_text())
@@ -37,6 +37,7 @@ def test_gpu_bench_parts_and_table_without_a_gpu(tmp_path):
     assert [f["batch"] for f in res["forward"]] == [32, 256, 1024]
     assert all(f["wall_ms"] > 0 and ("kernels_ms" in f) == torch.cuda.is_available() for f in res["forward"])
     assert table.count("1 new token over 16") == 3
+    assert res["host"]["nodes"] > 0 and f"{res['host']['nodes_per_s']:,.0f} nodes/s" in table
 
 
 def test_the_kept_gpu_runs_make_their_tables():

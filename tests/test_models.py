@@ -127,6 +127,18 @@ def test_tree_attention_equals_padded_copies_and_plain_forward(request, model_na
         assert np.allclose(got[~np.isnan(got)], want[~np.isnan(got)], atol=1e-4)
 
 
+def _as_plain_forward(model, states):
+    """Each state's next-token and own tokens' log-probabilities are a plain forward pass's."""
+    for st in states:
+        with torch.no_grad():
+            ref = torch.log_softmax(model.model(torch.tensor([list(st.tokens)])).logits[0].float(), -1)
+        assert torch.allclose(st.logprobs, ref[-1], atol=1e-4), (ref[-1] - st.logprobs).abs().max()
+        n = len(st.token_logprobs)
+        want = ref[np.arange(len(st.tokens) - n - 1, len(st.tokens) - 1), list(st.tokens[-n:])].double().numpy()
+        got = np.array(st.token_logprobs)
+        assert np.allclose(got[~np.isnan(got)], want[~np.isnan(got)], atol=1e-4)
+
+
 @pytest.mark.parametrize("model_name", ["tiny", "smol", "gemma"])
 def test_padded_passes_in_graph_shapes_equal_plain_forward(request, model_name):
     """Padded passes laid out as CUDA graphs take them (batch rows and past positions padded to a
@@ -154,14 +166,7 @@ def test_padded_passes_in_graph_shapes_equal_plain_forward(request, model_name):
         states = kids + long + more
     finally:
         model.graphs, model.tree_attention, model.attention = None, True, attention
-    for st in states:
-        with torch.no_grad():
-            ref = torch.log_softmax(model.model(torch.tensor([list(st.tokens)])).logits[0].float(), -1)
-        assert torch.allclose(st.logprobs, ref[-1], atol=1e-4), (ref[-1] - st.logprobs).abs().max()
-        n = len(st.token_logprobs)
-        want = ref[np.arange(len(st.tokens) - n - 1, len(st.tokens) - 1), list(st.tokens[-n:])].double().numpy()
-        got = np.array(st.token_logprobs)
-        assert np.allclose(got[~np.isnan(got)], want[~np.isnan(got)], atol=1e-4)
+    _as_plain_forward(model, states)
     sizes = [bucket(n) for n in range(1, 2000)]
     assert sizes == sorted(sizes) and all(n <= s <= max(8, 1.5 * n) for n, s in zip(range(1, 2000), sizes))
 
@@ -184,14 +189,7 @@ def test_tree_passes_in_graph_shapes_equal_plain_forward(request, model_name):
         assert [k[0] for k in model.graphs.passes] == ["tree", "tree"], list(model.graphs.passes)
     finally:
         model.graphs = None
-    for st in states:
-        with torch.no_grad():
-            ref = torch.log_softmax(model.model(torch.tensor([list(st.tokens)])).logits[0].float(), -1)
-        assert torch.allclose(st.logprobs, ref[-1], atol=1e-4), (ref[-1] - st.logprobs).abs().max()
-        n = len(st.token_logprobs)
-        want = ref[np.arange(len(st.tokens) - n - 1, len(st.tokens) - 1), list(st.tokens[-n:])].double().numpy()
-        got = np.array(st.token_logprobs)
-        assert np.allclose(got[~np.isnan(got)], want[~np.isnan(got)], atol=1e-4)
+    _as_plain_forward(model, states)
 
 
 @pytest.mark.parametrize("tree", [True, False])
@@ -212,6 +210,66 @@ def test_a_search_through_graph_shapes_finds_the_same_rows(tiny, tree):
         tiny.graphs, tiny.tree_attention = None, True
     assert len(plain) == 30 and [r.tokens for r in plain] == [r.tokens for r in graphed]
     assert max(abs(x.logprob - y.logprob) for x, y in zip(plain, graphed)) < 1e-4
+
+
+def test_graph_shapes_are_kept_within_their_limits(tiny):
+    """Graphs.get: a shape is captured on its second use (defer), at most MAX_GRAPHS shapes are
+    kept (least recently used dropped), their bytes (the shared key/value buffer and their
+    logits) count in the model's key/value bytes and stay within half its budget, a larger
+    buffer replaces the old one and the passes that read it, and shrink lets everything go."""
+    from relmql.models import graphs as g
+    root = tiny.extend([None], [tiny.vocabulary.encode("Hello there")])
+    ref = root[0].cache.kv
+    tiny._kv_shape = (ref.shape[0], ref.shape[1], ref.shape[3])
+    budget = tiny.kv_budget
+    graphs = g.Graphs(tiny, capture=False, defer=True)
+    tiny.graphs = graphs
+    try:
+        assert graphs.get(g.PADDED, 5, 3, 1, 2 ** 40) is None and graphs.get(g.PADDED, 7, 30, 1, 2 ** 40) is not None
+        assert list(graphs.passes) == [(g.PADDED, 8, 32, 1)]
+        base = tiny._kv_bytes + tiny._stage.nbytes
+        assert tiny.kv_bytes == base + graphs.nbytes > base
+        graphs.defer = False
+        for rows in (9, 13, 17, 25, 33, 49, 65, 97):  # eight more shapes
+            assert graphs.get(g.TREE, rows, 20, 1, 2 ** 40) is not None
+        assert len(graphs.passes) == g.MAX_GRAPHS and (g.PADDED, 8, 32, 1) not in graphs.passes
+        assert graphs.nbytes <= budget // 2
+        big = graphs.get(g.PADDED, 64, 200, 2, 2 ** 40)  # a larger buffer: the others read the old one
+        assert big is not None and list(graphs.passes) == [(g.PADDED, 64, 224, 2)]
+        assert graphs.get(g.PADDED, 64, 200, 2, 1000) is big  # kept shapes are not checked again
+        assert graphs.get(g.PADDED, 96, 200, 2, 1000) is None  # its logits over the cap
+        tiny.kv_budget = graphs.nbytes  # half of it cannot hold the pass
+        assert graphs.get(g.PADDED, 128, 200, 2, 2 ** 40) is None
+        graphs.shrink(0)
+        assert not graphs.passes and graphs.arena is None and graphs.nbytes == 0
+    finally:
+        tiny.graphs, tiny.kv_budget = None, budget
+
+
+def test_a_shape_that_cannot_be_captured_runs_eagerly(tiny, monkeypatch):
+    """A capture that fails (out of GPU memory, an operation the graph cannot hold) leaves that
+    shape eager for good: the search's rows are unchanged, and the probe at load says why."""
+    from relmql.execute import Decoding, ShortestPath, shortest_path
+    from relmql.models import graphs as g
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    ta = compile("My phone number is [0-9]{3} [0-9]{4}", tiny.vocabulary, "My phone number is")
+    plain = list(shortest_path(ta, tiny, Decoding(), ShortestPath(limit=20, batch_size=37)))
+    monkeypatch.setattr(g, "Pass", refuse)
+    attention = tiny.attention
+    try:
+        tiny.graphs = g.Graphs(tiny, capture=False)
+        got = list(shortest_path(ta, tiny, Decoding(), ShortestPath(limit=20, batch_size=37)))
+        assert tiny.graphs.never and not tiny.graphs.passes and tiny.graphs.arena is None
+        assert tiny.graphs.failure == "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+        tiny._probe_graphs(capture=False)
+        assert tiny.graphs is None and tiny.tree_attention
+        assert tiny.attention.endswith("; forward passes run eagerly (CUDA graphs: RuntimeError: CUDA out of "
+                                       "memory. Tried to allocate 2.00 GiB)"), tiny.attention
+    finally:
+        tiny.graphs, tiny.attention = None, attention
+    assert [r.tokens for r in got] == [r.tokens for r in plain]
 
 
 def test_tree_attention_keeps_gemmas_sliding_window(gemma):

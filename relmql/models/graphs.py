@@ -40,6 +40,7 @@ class Pass:
 
     def __init__(self, model, kind: str, rows: int, past: int, new: int, kv: torch.Tensor,
                  mask_kinds, capture: bool, pool=None):
+        """``kv``: a flat buffer of at least the pass's keys and values (its beginning is used)."""
         self.model, self.kind, self.rows, self.past, self.new = model, kind, rows, past, new
         dev, (layers2, heads, dim) = model.device, model._kv_shape
         seqs, length = (rows, new) if kind == PADDED else (1, rows)
@@ -47,14 +48,14 @@ class Pass:
         self.pos = torch.zeros((seqs, length), dtype=torch.long, device=dev)
         if kind == PADDED:
             self.mask = torch.ones((rows, past + new), dtype=torch.long, device=dev)
-            self.kv = kv.view(layers2, heads, rows * (past + new), dim)
+            self.kv = kv[:layers2 * heads * rows * (past + new) * dim].view(layers2, heads, rows * (past + new), dim)
             full = self.kv.view(layers2, heads, rows, past + new, dim)
             self.layers = [(full[2 * i].transpose(0, 1), full[2 * i + 1].transpose(0, 1)) for i in range(layers2 // 2)]
         else:
             self.masks: Dict = {k: torch.zeros((1, 1, rows, past + rows), dtype=model.dtype, device=dev)
                                 for k, _ in mask_kinds}
             self.mask = self.masks[None] if None in self.masks else self.masks
-            self.kv = kv.view(layers2, heads, past + rows, dim)
+            self.kv = kv[:layers2 * heads * (past + rows) * dim].view(layers2, heads, past + rows, dim)
             self.layers = [(self.kv[2 * i].unsqueeze(0), self.kv[2 * i + 1].unsqueeze(0)) for i in range(layers2 // 2)]
         self.graph, self.out = None, None
         if capture:
@@ -88,14 +89,18 @@ class Pass:
 
 class Graphs:
     """The graphed passes of one model, by kind and shape. A shape is captured the second time a
-    call needs it (one-off shapes stay eager); the least recently used is dropped beyond
-    ``MAX_GRAPHS``, or beyond half the model's key/value budget, which their bytes count in.
-    ``capture`` False runs the same padded shapes eagerly from the first call (a CPU checks them)."""
+    call needs it (``defer``; one-off shapes stay eager); the least recently used is dropped
+    beyond ``MAX_GRAPHS``, or beyond half the model's key/value budget, which their bytes count
+    in; a shape whose capture fails runs eagerly from then on (``failure`` says why). ``capture``
+    False runs the same padded shapes eagerly (a CPU checks them)."""
 
-    def __init__(self, model, capture: bool = True):
+    def __init__(self, model, capture: bool = True, defer: Optional[bool] = None):
         self.model, self.capture = model, capture
+        self.defer = capture if defer is None else defer
         self.passes: "OrderedDict[tuple, Pass]" = OrderedDict()
         self.seen: set = set()
+        self.never: set = set()  # shapes whose capture failed
+        self.failure: Optional[str] = None
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.arena: Optional[torch.Tensor] = None  # the keys and values of every pass
         self.captured = 0
@@ -115,8 +120,9 @@ class Graphs:
 
     def get(self, kind: str, rows: int, past: int, new: int, logits_bytes: int) -> Optional[Pass]:
         """The pass of ``kind`` for ``rows`` sequences (tree: new tokens) of at most ``past``
-        cached and ``new`` new tokens; None where it runs eagerly (first seen, or too large:
-        its logits over ``logits_bytes``, its bytes over half the key/value budget)."""
+        cached and ``new`` new tokens; None where it runs eagerly (first seen, its capture
+        failed, or too large: its logits over ``logits_bytes``, its bytes over half the
+        key/value budget)."""
         if not past or new > MAX_NEW:
             return None
         key = (kind, bucket(rows), -(-past // PAST_STEP) * PAST_STEP, new)
@@ -124,25 +130,33 @@ class Graphs:
         if got is not None:
             self.passes.move_to_end(key)
             return got
-        if self.capture and key not in self.seen:
+        if key in self.never or (self.defer and key not in self.seen):
             self.seen.add(key)
             return None
         m, (layers2, heads, dim) = self.model, self.model._kv_shape
         _, rows, past, new = key
-        logits = rows * new * len(m.vocabulary)
+        size = m.dtype.itemsize
+        logits = rows * new * len(m.vocabulary) * size
         cells = layers2 * heads * dim * (rows * (past + new) if kind == PADDED else past + rows)
-        arena = max(cells, 0 if self.arena is None else self.arena.numel())
+        have = 0 if self.arena is None else self.arena.numel()
         room = m.kv_budget // 2
-        if logits * 4 > logits_bytes or (arena + logits) * m.dtype.itemsize > room:
+        if logits * 4 // size > logits_bytes or (max(cells, have) * size + logits) > room:
             return None
-        while self.passes and (len(self.passes) >= MAX_GRAPHS or self.nbytes + logits * m.dtype.itemsize
-                               + (arena - self.arena.numel()) * m.dtype.itemsize > room):
-            self.passes.popitem(last=False)
-        if self.arena is None or self.arena.numel() < cells:
-            self.passes.clear()  # they read the old buffer
+        if cells > have:  # a larger buffer: the passes reading the old one go (grown by half, room permitting)
+            self.passes.clear()
             self.arena = None
+            cells = max(cells, min(have * 3 // 2, (room - logits) // size))
             self.arena = torch.zeros(cells, dtype=m.dtype, device=m.device)
-        got = self.passes[key] = Pass(m, kind, rows, past, new, self.arena[:cells], m._mask_kinds,
-                                      self.capture, self.pool)
+        while self.passes and (len(self.passes) >= MAX_GRAPHS or self.nbytes + logits > room):
+            self.passes.popitem(last=False)
+        try:
+            got = Pass(m, kind, rows, past, new, self.arena, m._mask_kinds, self.capture, self.pool)
+        except Exception as e:  # this shape could not be captured: it runs eagerly
+            self.never.add(key)
+            self.failure = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}".rstrip(": ")
+            if not self.passes:
+                self.arena = None
+            return None
+        self.passes[key] = got
         self.captured += 1
         return got

@@ -186,33 +186,39 @@ class TransformersModel(LanguageModel):
     def _probe_graphs(self, capture: bool = True) -> None:
         """Check that passes replayed as CUDA graphs (``capture`` False: the same padded shapes
         run eagerly) give the eager passes' log-probabilities, padded and (where the model takes
-        it) under tree attention; if so they are used from then on, else EXPLAIN says why not."""
+        it) under tree attention, and keys and values from which the next pass reads the same;
+        if so they are used from then on, else EXPLAIN says why not."""
         start, new = [self.eos_id, self.bos_id], [[self.bos_id], [self.eos_id, self.bos_id], [self.eos_id]]
         tree = self.tree_attention
-        why, graphs = None, Graphs(self, capture)
+        why, graphs, ok = None, Graphs(self, capture), False
         try:
             root = self.extend([None], [start])[0]
             parents = [root, root, None]
             for self.tree_attention in sorted({False, tree}):
                 self.graphs = None
                 reference = self.extend(parents, new)
-                self.graphs = graphs
+                after = self.extend(reference, [[self.bos_id]] * 3)
                 for _ in range(2):  # a shape is captured when it is met again
-                    if not _agrees(reference, lambda: self.extend(parents, new)):
+                    self.graphs = graphs
+                    got = self.extend(parents, new)
+                    self.graphs = None  # the keys and values the graph wrote, read by an eager pass
+                    if _worst(reference, got) > PROBE_TOLERANCE or not _agrees(
+                            after, lambda: self.extend(got, [[self.bos_id]] * 3)):
                         why = "they gave other numbers"
+            ok = why is None and {k[0] for k in graphs.passes} == ({PADDED, TREE} if tree else {PADDED})
         except Exception as e:  # the model's code could not be captured
             why = f"{type(e).__name__}"
         finally:
             self.tree_attention = tree
+            self.graphs = graphs if ok else None
             self.stats = ModelStats()
             self._stage.clear()
-        if why is None and graphs.captured == 1 + tree:
-            self.graphs = graphs
+        if ok:
             self.attention += ("; forward passes replayed as CUDA graphs" if capture else
                                "; forward passes in the shapes of CUDA graphs, run eagerly")
         else:
-            self.graphs = None
-            self.attention += f"; forward passes run eagerly (CUDA graphs: {why or 'no shape fits'})"
+            why = why or graphs.failure or "no shape fits"
+            self.attention += f"; forward passes run eagerly (CUDA graphs: {why})"
 
     @contextlib.contextmanager
     def _original_attention(self):
