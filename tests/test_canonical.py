@@ -449,6 +449,10 @@ def test_sentencepiece_reads_the_character_u2581_as_a_space(request, name):
     with pytest.raises(CompileError, match="U\\+2581") as info:
         compile("a\u2581b", vocab, None, CANON)
     assert "tokenization all" in info.value.hint
+    assert info.value.render().splitlines()[1:3] == ["  a\u2581b", "   ^"]  # the caret under the ▁
+    with pytest.raises(CompileError, match="U\\+2581") as info:
+        compile("x\\u2581b", vocab, "x\u2581", CANON)  # MATCHING spells it with an escape
+    assert info.value.role == "PREFIX" and info.value.span == (1, 2)
     ta = compile("a(\u2581| )b", vocab, None, CANON)
     assert [w for w in ta.warnings if "U+2581" in w and "left out of canonical tokenization" in w]
     assert [tuple(t) for t, _ in enumerate_paths(ta)] == [tuple(vocab.encode("a b"))]

@@ -934,8 +934,16 @@ class TokenAutomaton:
             return dfa
         lost = _lost(dfa, kept)
         if kept.is_empty():
-            raise CompileError(f"canonical tokenization of these strings is not supported: they contain {what}",
+            # the caret under the first ▁ written in MATCHING or PREFIX, else under MATCHING
+            spec = self.language.spec
+            role, text = next(((r, t) for r, t in (("MATCHING", spec.matching), ("PREFIX", spec.prefix or ""))
+                               if "\u2581" in t), ("MATCHING", spec.matching))
+            at = text.find("\u2581")
+            err = CompileError(f"canonical tokenization of these strings is not supported: they contain {what}",
+                               (at, at + 1) if at >= 0 else (0, len(text)), text,
                                hint="use tokenization all (and prefix_tokenization all)")
+            err.role = role
+            raise err
         one = lost == "1"
         self.warnings.append(f"{lost} string{'' if one else 's'} of this query left out of canonical "
                              f"tokenization: {'it contains' if one else 'they contain'} {what}; tokenization all "
