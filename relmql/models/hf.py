@@ -421,7 +421,7 @@ class TransformersModel(LanguageModel):
         past_len = [len(p) if c is not None else 0 for p, c, _, _ in seqs]
         new_len = [len(n) for _, _, n, _ in seqs]
         B, P, N = len(seqs), max(past_len), max(new_len)
-        graphed = self._graphed(PADDED, B, P, N, [b for c in chains if c is not None for b in c])
+        graphed = self._graphed(PADDED, B, P, N, chains)
         rows, P = (graphed.rows, graphed.past) if graphed is not None else (B, P)
         ids = torch.zeros((rows, N), dtype=torch.long)
         mask = torch.zeros((rows, P + N), dtype=torch.long)
@@ -454,13 +454,13 @@ class TransformersModel(LanguageModel):
         return self._states(seqs, [fresh[b, :, :, :n] for b, n in enumerate(new_len)], list(within), nexts,
                             _Store(fresh.numel() * fresh.element_size()))
 
-    def _graphed(self, kind: str, rows: int, past: int, new: int, blocks):
+    def _graphed(self, kind: str, rows: int, past: int, new: int, chains):
         """The CUDA-graph pass for a call of this shape (``graphs.Graphs.get``), or None;
-        ``blocks``: some of the call's past blocks (the first gives the key/value layout)."""
+        ``chains``: the call's lists of past blocks (a block gives the key/value layout)."""
         if self.graphs is None or not past:
             return None
         if self._kv_shape is None:
-            ref = blocks[0].kv
+            ref = next(c for c in chains if c)[0].kv
             self._kv_shape = (ref.shape[0], ref.shape[1], ref.shape[3])
         return self.graphs.get(kind, rows, past, new, LOGITS_BYTES)
 
@@ -545,7 +545,7 @@ class TransformersModel(LanguageModel):
             for f in among:
                 allowed[r0:r1, U + starts[f]:U + starts[f + 1]] = True
             allowed[r0:r1, U + r0:U + r1] = np.tril(np.ones((r1 - r0, r1 - r0), bool))
-        graphed = self._graphed(TREE, T, U, 1, union) if logits else None
+        graphed = self._graphed(TREE, T, U, 1, [union]) if logits else None
         if graphed is not None:  # padded to the graph's shape: its extra keys and rows see nothing else
             Tb, Ub = graphed.rows, graphed.past
             wide = np.zeros((Tb, Ub + Tb), bool)
