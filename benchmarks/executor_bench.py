@@ -183,15 +183,16 @@ class StubModel:
 STUB_CONFIGS = [(tok, batch) for tok in ("canonical", "all") for batch in (32, 256)]
 
 
-def stub(tok: str, batch: int, nodes: int = 20_000) -> Dict:
-    """Expanded nodes per second of the URL search (top-k 40) on a nearly free model, with the
-    relmql found first on the path: one search, after one to warm the automaton."""
+def stub(tok: str, batch: int, nodes: int = 20_000, vocabulary=None) -> Dict:
+    """Expanded nodes per second of the URL search (top-k 40) on a nearly free model (with
+    SmolLM2's vocabulary, or ``vocabulary``), with the relmql found first on the path: one
+    search, after one to warm the automaton."""
     from relmql.automata import CompileOptions, compile
     from relmql.execute import Decoding, SearchStats, ShortestPath, shortest_path
     from relmql.models import load_model
 
     from benchmarks.execute_bench import URL, URL_PREFIX
-    model = StubModel(load_model("smollm2-135m").vocabulary)
+    model = StubModel(vocabulary or load_model("smollm2-135m").vocabulary)
     gc.freeze()  # as the shell does once a model is loaded (cli._freeze_collector)
     ta = compile(URL, model.vocabulary, URL_PREFIX, CompileOptions(tokenization=tok))
     list(shortest_path(ta, model, Decoding(topk=40), ShortestPath(batch_size=batch, max_nodes=2000)))

@@ -12,7 +12,7 @@
 4. Where the executor's time goes at batch 256 (cProfile); batches of 512 and 1,024 each in one
    forward pass (the logits cap raised); bfloat16 throughput.
 5. The executor alone on this machine's host (``host``: ``executor_bench.stub``, a nearly free
-   model with SmolLM2's vocabulary, batch 256), to tell the host's speed from the GPU's.
+   model with the model's vocabulary, batch 256), to tell the host's speed from the GPU's.
 6. One forward pass alone (``forward``): a batch of one new token each over 16 cached ones, its
    wall time against the GPU's kernel time in it (torch's profiler), and the same pass replayed
    as a CUDA graph: how much of a pass is the host launching kernels.
@@ -219,8 +219,8 @@ def tables(runs: List[Dict]) -> str:
         out += [f"**{label}** ({r.get('gpu', '?')}, torch {r.get('torch', '?')}; model loaded in "
                 f"{r['load']['seconds']:.0f} s)", ""]
         if r.get("host"):
-            out += [f"The executor alone on this host (a nearly free model with SmolLM2's vocabulary, URL search, "
-                    f"batch 256): {r['host']['nodes_per_s']:,.0f} nodes/s.", ""]
+            out += [f"The executor alone on this host (a nearly free model with this model's vocabulary, URL "
+                    f"search, batch 256): {r['host']['nodes_per_s']:,.0f} nodes/s.", ""]
         rows = [("float32", t, "") for t in r.get("throughput", [])]
         rows += [("float32", t, "eager forward passes (no CUDA graphs)") for t in r.get("throughput_eager", [])]
         rows += [("float32", t, "one forward pass per batch") for t in r.get("throughput_one_pass", [])]
@@ -340,7 +340,7 @@ def main(argv: List[str] = None) -> None:
                 profiled(half, ta, args.profile, "bfloat16, batch 256", ("cumulative",))
             elif part == "host":
                 from .executor_bench import stub
-                save("host", stub("canonical", 256))
+                save("host", stub("canonical", 256, vocabulary=model.vocabulary))
             elif part == "forward":
                 save("forward", forward_cost(model))
         except Exception as e:  # one part failing leaves the others' figures
