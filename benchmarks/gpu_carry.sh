@@ -113,5 +113,5 @@ run)
     fi
     ;;
 *)
-    sed -n '2,19p' "$0"; exit 2 ;;
+    sed -n '2,18p' "$0"; exit 2 ;;
 esac
