@@ -151,6 +151,7 @@ def forward_cost(model, batches=(32, 256, 1024), past: int = 16, reps: int = 20)
     relmql code but its key/value layout): wall ms (synchronized), the GPU's kernel ms in it, and
     ms replayed as a CUDA graph."""
     from relmql.models.attention import preloaded_cache
+    from relmql.models.graphs import capture
     m, dev = model.model, model.device
     out = []
     for b in batches:
@@ -185,13 +186,7 @@ def forward_cost(model, batches=(32, 256, 1024), past: int = 16, reps: int = 20)
                     _sync(dev)
                 row["kernels_ms"] = sum(e.self_device_time_total for e in prof.key_averages()) / reps / 1e3
                 try:
-                    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream(dev)
-                    stream.wait_stream(torch.cuda.current_stream(dev))
-                    with torch.cuda.stream(stream):  # capture on a side stream, as torch requires
-                        step()
-                        with torch.cuda.graph(graph, stream=stream):
-                            step()
-                    torch.cuda.current_stream(dev).wait_stream(stream)
+                    graph, _ = capture(step, dev)
                     graph.replay()
                     _sync(dev)
                     t = time.perf_counter()
@@ -296,6 +291,9 @@ def main(argv: List[str] = None) -> None:
             url[id(m)] = compile(URL, m.vocabulary, URL_PREFIX)
         return url[id(m)]
 
+    def sweep(ta):  # the URL search at each batch size, the larger ones longer
+        return [throughput(model, ta, b, max(args.nodes // 4, min(args.nodes, 40 * b))) for b in BATCHES]
+
     for part in args.parts.split(","):
         try:
             if part == "exact":
@@ -305,14 +303,12 @@ def main(argv: List[str] = None) -> None:
                 ta = url_of(model)
                 throughput(model, ta, 32, 500)  # warm up
                 save("compile_url_seconds", time.perf_counter() - t)
-                save("throughput", [throughput(model, ta, b, max(args.nodes // 4, min(args.nodes, 40 * b)))
-                                    for b in BATCHES])
+                save("throughput", sweep(ta))
             elif part == "eager":  # the same searches with every forward pass eager (no CUDA graphs)
                 ta, graphs = url_of(model), model.graphs
                 model.graphs = None
                 try:
-                    save("throughput_eager", [throughput(model, ta, b, max(args.nodes // 4, min(args.nodes, 40 * b)))
-                                              for b in BATCHES])
+                    save("throughput_eager", sweep(ta))
                 finally:
                     model.graphs = graphs
             elif part == "relm":

@@ -31,6 +31,19 @@ def bucket(n: int) -> int:
     return size
 
 
+def capture(forward, device: torch.device, pool=None):
+    """``forward()`` captured as a CUDA graph: warmed up, then captured on a side stream (as torch
+    asks); the graph and the output it writes on each replay."""
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        forward()
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
+            out = forward()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    return graph, out
+
+
 class Pass:
     """One forward pass of fixed shape. Fill ``ids``, ``pos``, ``mask`` (padded: ``[rows, past +
     new]`` of 0/1; tree: a 4D additive mask per mask kind, in ``masks``) and ``kv`` (every layer's
@@ -39,9 +52,9 @@ class Pass:
     graph's memory (read it before the next run)."""
 
     def __init__(self, model, kind: str, rows: int, past: int, new: int, kv: torch.Tensor,
-                 mask_kinds, capture: bool, pool=None):
+                 mask_kinds, graphed: bool, pool=None):
         """``kv``: a flat buffer of at least the pass's keys and values (its beginning is used)."""
-        self.model, self.kind, self.rows, self.past, self.new = model, kind, rows, past, new
+        self.model, self.rows, self.past, self.new = model, rows, past, new
         dev, (layers2, heads, dim) = model.device, model._kv_shape
         seqs, length = (rows, new) if kind == PADDED else (1, rows)
         self.ids = torch.zeros((seqs, length), dtype=torch.long, device=dev)
@@ -57,16 +70,7 @@ class Pass:
             self.mask = self.masks[None] if None in self.masks else self.masks
             self.kv = kv[:layers2 * heads * (past + rows) * dim].view(layers2, heads, past + rows, dim)
             self.layers = [(self.kv[2 * i].unsqueeze(0), self.kv[2 * i + 1].unsqueeze(0)) for i in range(layers2 // 2)]
-        self.graph, self.out = None, None
-        if capture:
-            stream = torch.cuda.Stream(dev)
-            stream.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(stream):  # warm up, then capture, on a side stream (as torch asks)
-                self._forward()
-                self.graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self.graph, pool=pool, stream=stream):
-                    self.out = self._forward()
-            torch.cuda.current_stream(dev).wait_stream(stream)
+        self.graph, self.out = capture(self._forward, dev, pool) if graphed else (None, None)
 
     @property
     def logits_bytes(self) -> int:
@@ -103,7 +107,6 @@ class Graphs:
         self.failure: Optional[str] = None
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.arena: Optional[torch.Tensor] = None  # the keys and values of every pass
-        self.captured = 0
 
     @property
     def nbytes(self) -> int:
@@ -158,5 +161,4 @@ class Graphs:
                 self.arena = None
             return None
         self.passes[key] = got
-        self.captured += 1
         return got

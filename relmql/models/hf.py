@@ -136,6 +136,11 @@ class TransformersModel(LanguageModel):
                              f"Face cache ({why})", hint="downloading from the hub needs network access") from None
         return cls(model.to(dev), tokenizer, name or path)
 
+    def _probe_tree(self):
+        """The small tree the load-time checks read: a root's tokens, then the new tokens of its
+        two children and of a new root."""
+        return [self.eos_id, self.bos_id], [[self.bos_id], [self.eos_id, self.bos_id], [self.eos_id]]
+
     def _probe_tree_attention(self) -> None:
         """Check, on a small tree, each way this backend departs from transformers' own cached
         forward pass (padded copies, transformers' attention): the grouped-query attention
@@ -143,7 +148,7 @@ class TransformersModel(LanguageModel):
         second call reusing the staged beginning), where the model takes a custom 4D mask. Each
         must give the same log-probabilities, else it is switched off and EXPLAIN says why."""
         kind = type(self.model).__name__
-        start, new = [self.eos_id, self.bos_id], [[self.bos_id], [self.eos_id, self.bos_id], [self.eos_id]]
+        start, new = self._probe_tree()
         notes = []
         try:
             self.tree_attention = False
@@ -188,7 +193,7 @@ class TransformersModel(LanguageModel):
         run eagerly) give the eager passes' log-probabilities, padded and (where the model takes
         it) under tree attention, and keys and values from which the next pass reads the same;
         if so they are used from then on, else EXPLAIN says why not."""
-        start, new = [self.eos_id, self.bos_id], [[self.bos_id], [self.eos_id, self.bos_id], [self.eos_id]]
+        start, new = self._probe_tree()
         tree = self.tree_attention
         why, graphs, ok = None, Graphs(self, capture), False
         try:
