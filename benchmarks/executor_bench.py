@@ -12,7 +12,7 @@ baseline's alternately, each search in a process of its own.
     python -m benchmarks.executor_bench --query "long PREFIX, max_memory 64MiB" --baseline HEAD~1
 
 This file is also the worker: ``python benchmarks/executor_bench.py --worker NAME`` with the
-relmql to measure first on PYTHONPATH (it imports nothing else of this repository).
+relmql to measure first on PYTHONPATH and this repository after it (for ``benchmarks``).
 """
 
 from __future__ import annotations
@@ -58,6 +58,14 @@ def _long_prefix_sql(passages: int = 15, memory: str = "64MiB") -> str:
             f"PREFIX escape('{text}') USING topk 40, max_memory '{memory}', max_prefix_tokens 4000 LIMIT 10")
 
 
+def _url_sql(batch: int) -> str:
+    """The URL search (top-k 40) at ``batch`` nodes a call, stopped after 3,000 nodes: its calls
+    read 32 or 256 sequences of about a dozen tokens each, mostly as padded copies."""
+    from benchmarks.execute_bench import URL, URL_PREFIX
+    return (f"SELECT text, prob MATCHING '{URL}' PREFIX '{URL_PREFIX}' USING topk 40, batch_size {batch}, "
+            "max_nodes 3000")
+
+
 # name -> (statement, seconds after which the worker stops waiting)
 QUERIES = {
     "toxicity, default order": (TOXIC.format(order=""), 90),
@@ -68,6 +76,8 @@ QUERIES = {
     "LAMBADA end of text, 2 passages": (LAMBADA_SQL.format(tail="", extra="eos, ", n=2), 240),
     "long PREFIX, max_memory 64MiB": (_long_prefix_sql(), 900),
     "long PREFIX, max_memory 2GiB": (_long_prefix_sql(memory="2GiB"), 120),
+    "URL, batch 32, 3,000 nodes": (_url_sql(32), 180),
+    "URL, batch 256, 3,000 nodes": (_url_sql(256), 180),
 }
 
 
@@ -100,7 +110,7 @@ def worker(name: str) -> Dict:
 
 
 def _run_worker(name: str, code: Path, budget: float) -> Dict:
-    env = dict(os.environ, PYTHONPATH=str(code))
+    env = dict(os.environ, PYTHONPATH=f"{code}{os.pathsep}{ROOT}")
     t0 = time.perf_counter()
     try:
         p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", name], cwd=ROOT, env=env,

@@ -218,8 +218,8 @@ def test_graph_shapes_are_kept_within_their_limits(tiny):
     logits) count in the model's key/value bytes and stay within half its budget, a larger
     buffer replaces the old one and the passes that read it, and shrink lets everything go."""
     from relmql.models import graphs as g
-    root = tiny.extend([None], [tiny.vocabulary.encode("Hello there")])
-    ref = root[0].cache.kv
+    tiny.extend([None], [tiny.vocabulary.encode("Hello there")])
+    ref = tiny.pool.data
     tiny._kv_shape = (ref.shape[0], ref.shape[1], ref.shape[3])
     budget = tiny.kv_budget
     graphs = g.Graphs(tiny, capture=False, defer=True)
@@ -227,7 +227,7 @@ def test_graph_shapes_are_kept_within_their_limits(tiny):
     try:
         assert graphs.get(g.PADDED, 5, 3, 1, 2 ** 40) is None and graphs.get(g.PADDED, 7, 30, 1, 2 ** 40) is not None
         assert list(graphs.passes) == [(g.PADDED, 8, 32, 1)]
-        base = tiny._kv_bytes + tiny._stage.nbytes
+        base = tiny.pool.nbytes + tiny._stage.nbytes
         assert tiny.kv_bytes == base + graphs.nbytes > base
         graphs.defer = False
         for rows in (9, 13, 17, 25, 33, 49, 65, 97):  # eight more shapes
@@ -437,6 +437,69 @@ def test_score_equals_stepwise_extension(tiny):
         state = tiny.extend([state], [[tok]])[0]
 
 
+def _pool_holds_live_blocks(model):
+    """Every live block's tokens at slots of their own: none given twice, none free, none lost."""
+    from relmql.models.kvpool import PAD
+    live = [b for b in (r() for r in model._kv_lru.values()) if b is not None and b.slots is not None]
+    slots = np.concatenate([b.slots for b in live]).tolist() if live else []
+    pool = model.pool
+    assert len(set(slots)) == len(slots) and PAD not in slots
+    assert not set(slots) & set(pool._free + pool._dead)
+    assert pool.used == len(slots) == sum(b.n for b in live)
+
+
+def test_the_pool_holds_each_token_once_within_the_budget(tiny, monkeypatch):
+    """One pool of keys and values: each cached token at a slot of its own, holding what a plain
+    forward pass computes for it; slots of dropped blocks are given out again; under a budget
+    smaller than a search needs, the least recently used blocks are dropped and the pool packed
+    into the budget after each call, with the same rows as under a large one."""
+    from relmql.execute import Decoding, ShortestPath, shortest_path
+    from relmql.models.kvpool import KVPool
+    tiny.set_cache_budget(2 ** 30)
+    enc = tiny.vocabulary.encode
+    root = tiny.extend([None], [enc("The history of the city")])[0]
+    kids = tiny.extend([root, root], [enc(" and"), enc(" but the")])
+    for st in kids:
+        with torch.no_grad():
+            cache = tiny.model(torch.tensor([[tiny.bos_id] + list(st.tokens[1:])]), use_cache=True).past_key_values
+        direct = torch.stack([t[0] for layer in cache.layers for t in (layer.keys, layer.values)])
+        slots = np.concatenate([b.slots for b in st.cache.chain()])
+        assert torch.allclose(tiny.pool.read(slots), direct, atol=1e-5)
+    _pool_holds_live_blocks(tiny)
+    gone = [t for st in kids for t in st.cache.slots.tolist()]
+    del st, kids
+    again = tiny.extend([root], [enc(" or")])[0]
+    assert set(again.cache.slots.tolist()) <= set(gone)  # a dropped block's slots given out again
+    _pool_holds_live_blocks(tiny)
+    del root, again
+    ta = compile("My phone number is [0-9]{3} [0-9]{4}", tiny.vocabulary, "My phone number is")
+    seen = []
+    extend = tiny.extend
+
+    def watched(states, tokens):
+        got = extend(states, tokens)
+        _pool_holds_live_blocks(tiny)
+        seen.append((tiny.kv_bytes, tiny.kv_budget, tiny.pool.used * tiny.pool.slot_bytes))
+        return got
+
+    def search():
+        seen.clear()
+        return list(shortest_path(ta, tiny, Decoding(), ShortestPath(limit=30, batch_size=37)))
+    monkeypatch.setattr(tiny, "extend", watched)
+    plain = search()
+    small = max(held for _, _, held in seen) // 2  # half of what the search kept at most
+    monkeypatch.setattr(tiny, "set_cache_budget", lambda n: setattr(tiny, "kv_budget", small))
+    packs, resize = [], KVPool.resize
+    monkeypatch.setattr(KVPool, "resize", lambda pool, n, live=(): packs.append(n < pool.capacity) or resize(pool, n, live))
+    again = tiny.stats.recomputed
+    packed = search()
+    monkeypatch.undo()
+    tiny.set_cache_budget(2 ** 30)
+    assert [r.tokens for r in packed] == [r.tokens for r in plain]
+    assert max(abs(x.logprob - y.logprob) for x, y in zip(plain, packed)) < 1e-5
+    assert tiny.stats.recomputed > again and any(packs) and all(used <= budget for used, budget, _ in seen), seen
+
+
 def test_evicted_state_is_recomputed(tiny):
     s = tiny.extend([None], [tiny.vocabulary.encode("Hello there")])[0]
     s.cache = None
@@ -449,8 +512,8 @@ def _evict_blocks(model, blocks):
     """Drop ``blocks``' keys and values as the model's least-recently-used eviction does."""
     for b in blocks:
         model._kv_lru.pop(id(b))
-        b.kv = None
-        model._release(b.store)
+        model.pool.give_back(b.slots)
+        b.slots = None
 
 
 @pytest.mark.parametrize("model_name,room", [("tiny", None), ("tiny", 2), ("smol", None), ("gemma", None)])
@@ -474,7 +537,7 @@ def test_evicted_blocks_are_read_again_once_a_call_in_place(request, model_name,
     mid = model.extend([root, root], [t[:1], t[1:2]])
     leaves = model.extend([mid[0], mid[0], mid[1], mid[1]], [t[2:3], t[3:4], t[2:3], t[4:5]])
     lost = root.cache.chain() + [mid[0].cache, leaves[0].cache, leaves[3].cache]
-    before = [b.kv.clone() for b in lost]
+    before = [model.pool.read(b.slots) for b in lost]
     _evict_blocks(model, lost)
     passes, restore_pass = [], model._restore_pass
     monkeypatch.setattr(model, "_restore_pass", lambda group: passes.append(len(group)) or restore_pass(group))
@@ -487,7 +550,8 @@ def test_evicted_blocks_are_read_again_once_a_call_in_place(request, model_name,
     assert len(passes) == {"tiny": 3 if room else 1, "smol": 2, "gemma": 2}[model_name] and sum(passes) == len(lost)
     tol = 2e-4 if model_name == "gemma" else 1e-4
     for b, kv in zip(lost, before):
-        assert b.kv is not None and (b.kv - kv).abs().max() <= tol + 1e-5 * kv.abs().max()  # gemma's reach 94
+        assert b.slots is not None
+        assert (model.pool.read(b.slots) - kv).abs().max() <= tol + 1e-5 * kv.abs().max()  # gemma's reach 94
     for st in got:
         with torch.no_grad():
             ref = torch.log_softmax(model.model(torch.tensor([list(st.tokens)])).logits[0].float(), -1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import weakref
 from typing import List, Optional, Sequence
 
+import numpy as np
 import torch
 from transformers.cache_utils import DynamicLayer
 
@@ -53,9 +54,11 @@ def preloaded_cache(layers: Sequence[tuple], filled: int):
 
 
 class Stage:
-    """One buffer ``[2 * layers, kv_heads, capacity, head_dim]`` into which a call's ancestor
-    blocks are copied, in order; blocks that begin the next call's list in the same places are
-    not copied again (a LAMBADA passage or a long PREFIX is copied once, not once per call)."""
+    """One buffer ``[2 * layers, kv_heads, capacity, head_dim]`` into which a call's pasts are
+    gathered from the pool: a tree pass's ancestor blocks in order, where blocks that begin the
+    next call's list in the same places are not gathered again (a LAMBADA passage or a long
+    PREFIX is copied once, not once per call), or a padded pass's rows (``gather``). Kept from
+    call to call: a fresh buffer of that size each call is fresh pages from the kernel."""
 
     def __init__(self):
         self.buffer: Optional[torch.Tensor] = None
@@ -69,17 +72,21 @@ class Stage:
     def clear(self) -> None:
         self.buffer, self._placed = None, []
 
-    def lay_out(self, blocks: Sequence, room: int) -> torch.Tensor:
-        """The buffer with ``blocks``' keys and values at its start, one after another, and at
-        least ``room`` free positions after them."""
-        ref = blocks[0].kv
-        total = sum(b.n for b in blocks)
-        need = total + room
+    def _fit(self, pool, need: int) -> None:
+        """A buffer shaped for ``pool`` with room for ``need`` positions (what it held is lost
+        when it is replaced)."""
+        ref = pool.data
         if self.buffer is None or self.buffer.shape[2] < need or self.buffer.shape[:2] != ref.shape[:2] \
                 or self.buffer.dtype != ref.dtype or self.buffer.device != ref.device:
             capacity = max(need + need // 4, 256)
             self.buffer = ref.new_empty(ref.shape[:2] + (capacity,) + ref.shape[3:])
             self._placed = []
+
+    def lay_out(self, blocks: Sequence, room: int, pool) -> torch.Tensor:
+        """The buffer with ``blocks``' keys and values at its start, one after another, and at
+        least ``room`` free positions after them."""
+        total = sum(b.n for b in blocks)
+        self._fit(pool, total + room)
         kept = 0
         for old, blk in zip(self._placed, blocks):
             if old() is not blk:
@@ -88,11 +95,20 @@ class Stage:
         at = sum(b.n for b in blocks[:kept])
         self._placed = self._placed[:kept]  # what an interrupted copy leaves is not trusted
         self.copied = total - at
-        for blk in blocks[kept:]:
-            self.buffer[:, :, at:at + blk.n] = blk.kv
-            at += blk.n
+        if kept < len(blocks):
+            self.buffer[:, :, at:total] = pool.read(np.concatenate([b.slots for b in blocks[kept:]]))
         self._placed = [weakref.ref(b) for b in blocks]
         return self.buffer
+
+    def gather(self, slots: np.ndarray, pool) -> torch.Tensor:
+        """The keys and values at ``slots``, one after another, as ``[2 * layers, kv_heads,
+        len(slots), head_dim]`` in the buffer's memory (what was laid out there is forgotten)."""
+        d = pool.data
+        self._fit(pool, len(slots))
+        self._placed = []
+        n = d.shape[0] * d.shape[1] * len(slots) * d.shape[3]
+        flat = self.buffer.view(-1)[:n].view(d.shape[0], d.shape[1], len(slots), d.shape[3])
+        return pool.read(slots, out=flat)
 
 
 def _grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):

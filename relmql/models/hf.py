@@ -10,7 +10,6 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -22,6 +21,7 @@ from .attention import ATTENTION_NAME, Stage, preloaded_cache, use_grouped_atten
 from .base import LanguageModel, ModelState, ModelStats
 from .device import approximate, resolve_device, resolve_dtype
 from .graphs import PADDED, TREE, Graphs
+from .kvpool import PAD, KVPool
 from .vocab import Vocabulary, from_tokenizer
 
 DEFAULT_KV_BUDGET = 2 ** 30  # bytes of cached keys and values kept per model (a query sets its own share)
@@ -31,19 +31,25 @@ PROBE_TOLERANCE = 1e-3  # the most a checked way of reading may differ from tran
 TREE_SHARING = 4  # tree attention while a batch's ancestors take at most this many times its longest one
 
 
-@dataclass(eq=False)
 class KVBlock:
-    """The keys and values of a run of tokens, chained to the block before it.
+    """The keys and values of a run of ``n`` tokens (ending at position ``length``), chained to
+    the block before it: ``slots``, their places in the model's ``KVPool``, or None once
+    evicted. A state's cache is its last block; sequences that share a beginning share its
+    blocks, so a child node stores only its own token. ``cell`` holds the slots, for the weak
+    reference that gives them back when the block is dropped (the pool may move them)."""
 
-    ``kv`` is ``[2 * layers, kv_heads, n, head_dim]`` (keys and values of layer l at 2l and
-    2l + 1), or None once evicted. A state's cache is its last block; sequences that share a
-    beginning share its blocks, so a child node stores only its own token.
-    """
-    parent: Optional["KVBlock"]
-    kv: Optional[torch.Tensor] = field(repr=False)
-    n: int
-    length: int
-    store: "_Store" = field(repr=False, default=None)
+    __slots__ = ("parent", "n", "length", "cell", "__weakref__")
+
+    def __init__(self, parent: Optional["KVBlock"], slots: Optional[np.ndarray], n: int, length: int):
+        self.parent, self.n, self.length, self.cell = parent, n, length, [slots]
+
+    @property
+    def slots(self) -> Optional[np.ndarray]:
+        return self.cell[0]
+
+    @slots.setter
+    def slots(self, value: Optional[np.ndarray]) -> None:
+        self.cell[0] = value
 
     def chain(self) -> List["KVBlock"]:
         out, b = [], self
@@ -52,15 +58,6 @@ class KVBlock:
             b = b.parent
         out.reverse()
         return out
-
-
-class _Store:
-    """The tensor of keys and values one forward pass wrote, shared by its blocks."""
-
-    __slots__ = ("nbytes", "live")
-
-    def __init__(self, nbytes: int):
-        self.nbytes, self.live = nbytes, 0
 
 
 class TransformersModel(LanguageModel):
@@ -93,7 +90,7 @@ class TransformersModel(LanguageModel):
         self._cache_arg = cache_argument(model)
         self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.kv_budget = kv_budget
-        self._kv_bytes = 0
+        self.pool = KVPool()
         self._kv_lru: "OrderedDict[int, weakref.ref]" = OrderedDict()
         self._mask_kinds = _mask_kinds(model.config)
         self.grouped_attention = use_grouped_attention(self.model)
@@ -239,37 +236,39 @@ class TransformersModel(LanguageModel):
 
     # -- the key/value store
     def _register(self, block: KVBlock):
-        store = block.store
-        store.live += 1
-        if store.live == 1:
-            self._kv_bytes += store.nbytes
         key = id(block)
-        self._kv_lru[key] = weakref.ref(block, lambda _, k=key, st=store: self._forget(k, st))
+        self._kv_lru[key] = weakref.ref(block, lambda _, k=key, cell=block.cell: self._forget(k, cell))
 
-    def _release(self, store: "_Store"):
-        store.live -= 1
-        if store.live == 0:
-            self._kv_bytes -= store.nbytes
-
-    def _forget(self, key: int, store: "_Store"):
-        if self._kv_lru.pop(key, None) is not None:
-            self._release(store)
+    def _forget(self, key: int, cell: list):
+        if self._kv_lru.pop(key, None) is not None and cell[0] is not None:
+            self.pool.give_back(cell[0])
+            cell[0] = None
 
     def _touch(self, block: KVBlock):
         if id(block) in self._kv_lru:
             self._kv_lru.move_to_end(id(block))
+
+    def _room(self) -> int:
+        """Bytes of the budget left to the pool (the staging buffer and the graphs take theirs)."""
+        return self.kv_budget - self._stage.nbytes - (self.graphs.nbytes if self.graphs is not None else 0)
 
     def _evict(self):
         if self._stage.nbytes > self.kv_budget // 2:
             self._stage.clear()  # a budget too small to keep it: laid out afresh each call
         if self.graphs is not None:
             self.graphs.shrink(self.kv_budget // 2)  # a budget made smaller since they were captured
-        while self.kv_bytes > self.kv_budget and self._kv_lru:
+        pool, room = self.pool, self._room()
+        size = pool.slot_bytes
+        while (pool.used + 1) * size > room and self._kv_lru:  # (+ 1: the padding's slot)
             key, ref = self._kv_lru.popitem(last=False)
             block = ref()
-            if block is not None and block.kv is not None:
-                block.kv = None
-                self._release(block.store)
+            if block is not None and block.slots is not None:
+                pool.give_back(block.slots)
+                block.slots = None
+        if pool.nbytes > max(room, 0):  # grown past its room by one call, or a smaller budget: packed
+            live = [b for b in (r() for r in self._kv_lru.values()) if b is not None and b.slots is not None]
+            live.sort(key=lambda b: b.length)
+            pool.resize(max(room // size, 1), live)
 
     def set_cache_budget(self, nbytes: int) -> None:
         self.kv_budget = nbytes
@@ -277,9 +276,9 @@ class TransformersModel(LanguageModel):
 
     @property
     def kv_bytes(self) -> int:
-        """Bytes of keys and values held now (the blocks, the staging buffer and the graphed
-        passes' buffers)."""
-        return self._kv_bytes + self._stage.nbytes + (self.graphs.nbytes if self.graphs is not None else 0)
+        """Bytes of keys and values held now (the pool, the staging buffer and the graphed passes'
+        buffers)."""
+        return self.pool.nbytes + self._stage.nbytes + (self.graphs.nbytes if self.graphs is not None else 0)
 
     # -- reading tokens
     @torch.inference_mode()
@@ -299,7 +298,7 @@ class TransformersModel(LanguageModel):
             if not new:
                 raise ValueError("extend needs at least one new token for an existing state")
             chain = st.cache.chain() if st.cache is not None else None
-            gone = [b for b in chain if b.kv is None] if chain is not None else None
+            gone = [b for b in chain if b.slots is None] if chain is not None else None
             if chain is None or (gone and not self.tree_attention):
                 # evicted: read everything again (the first new token's probability is known)
                 self.stats.recomputed += len(st.tokens)
@@ -353,10 +352,10 @@ class TransformersModel(LanguageModel):
             parts.append(([where[id(a)] for a in kept], among))
         fresh = self._tree_pass([list(t) for _, t in group], [b.length - b.n for b, _ in group], union, parts,
                                 logits=False)[0]
-        store = _Store(fresh.numel() * fresh.element_size())
+        slots = self._keep(fresh)
         at = 0
         for blk, _ in group:
-            blk.kv, blk.store = fresh[:, :, at:at + blk.n], store
+            blk.slots = slots[at:at + blk.n]
             self._register(blk)
             at += blk.n
         self.stats.recomputed += at
@@ -419,54 +418,71 @@ class TransformersModel(LanguageModel):
         return self._forward_padded(seqs)
 
     def _forward_padded(self, seqs) -> List[ModelState]:
-        """The batch as padded sequences: each one's past keys and values copied, left-padded (on
-        a GPU, into the buffers of a captured pass of the next larger shape, ``graphs.Pass``)."""
+        """The batch as padded sequences: each one's past keys and values gathered from the pool,
+        left-padded (on a GPU, into the buffers of a captured pass of the next larger shape,
+        ``graphs.Pass``)."""
         dev = self.device
         chains = [c for _, c, _, _ in seqs]
-        past_len = [len(p) if c is not None else 0 for p, c, _, _ in seqs]
-        new_len = [len(n) for _, _, n, _ in seqs]
-        B, P, N = len(seqs), max(past_len), max(new_len)
-        graphed = self._graphed(PADDED, B, P, N, chains)
+        past_len = np.array([len(p) if c is not None else 0 for p, c, _, _ in seqs], np.int64)
+        new_len = np.array([len(n) for _, _, n, _ in seqs], np.int64)
+        B, P, N = len(seqs), int(past_len.max()), int(new_len.max())
+        graphed = self._graphed(PADDED, B, P, N)
         rows, P = (graphed.rows, graphed.past) if graphed is not None else (B, P)
-        ids = torch.zeros((rows, N), dtype=torch.long)
-        mask = torch.zeros((rows, P + N), dtype=torch.long)
-        pos = torch.zeros((rows, N), dtype=torch.long)
-        mask[B:, P:] = 1  # rows that only pad the batch to its graph's shape see their own tokens
-        for b, (_, _, new, _) in enumerate(seqs):
-            ids[b, :len(new)] = torch.tensor(new)
-            mask[b, P - past_len[b]:P + len(new)] = 1
-            pos[b, :len(new)] = torch.arange(past_len[b], past_len[b] + len(new))
+        # each row: its past at the right of P positions, then its new tokens, padding after them
+        # (rows that only pad the batch to its graph's shape see their own positions)
+        past_all = np.zeros(rows, np.int64)
+        past_all[:B] = past_len
+        new_all = np.full(rows, N, np.int64)
+        new_all[:B] = new_len
+        col = np.arange(P + N)
+        mask = torch.from_numpy(((col >= P - past_all[:, None]) & (col < P + new_all[:, None])).astype(np.int64))
+        mine = col[None, :N] < new_all[:, None]
+        mine[B:] = False
+        pos = torch.from_numpy(np.where(mine, past_all[:, None] + col[:N], 0))
+        flat = np.zeros((rows, N), np.int64)
+        flat[mine] = np.fromiter((t for _, _, n, _ in seqs for t in n), np.int64, int(new_len.sum()))
+        ids = torch.from_numpy(flat)
         if graphed is not None:
             graphed.ids.copy_(ids)
             graphed.mask.copy_(mask)
             graphed.pos.copy_(pos)
             self._batch_cache(chains, past_len, P, N, into=graphed)
-            out, logprobs = self._run(None, None, None, None, sum(new_len), run=graphed)
+            out, logprobs = self._run(None, None, None, None, int(new_len.sum()), run=graphed)
         else:
             cache = self._batch_cache(chains, past_len, P, N) if P else _full_cache()
-            out, logprobs = self._run(ids, mask.to(dev), pos, cache, sum(new_len))
+            out, logprobs = self._run(ids, mask.to(dev), pos, cache, int(new_len.sum()))
         logprobs = logprobs[:B]
         # log-probability of each new token given the ones before it
         nxt = torch.zeros((B, N), dtype=torch.long, device=dev)
         nxt[:, :-1] = ids[:B, 1:].to(dev)
         within = torch.gather(logprobs, 2, nxt.unsqueeze(-1)).squeeze(-1).double().cpu().numpy()
-        last = torch.tensor(new_len, device=dev) - 1
-        nexts = logprobs[torch.arange(B, device=dev), last]  # [B, vocab]: the batch's logprobs can go
+        nexts = logprobs[torch.arange(B, device=dev), torch.from_numpy(new_len - 1).to(dev)]  # [B, vocab]
         layers = _cache_tensors(out[self._cache_arg])
-        # the new tokens' keys and values of the whole batch in one tensor; blocks are views of it,
-        # and its bytes count until the last of them is dropped
-        fresh = torch.stack([t for k, v in layers for t in (k[:B, :, P:], v[:B, :, P:])], 1)
-        return self._states(seqs, [fresh[b, :, :, :n] for b, n in enumerate(new_len)], list(within), nexts,
-                            _Store(fresh.numel() * fresh.element_size()))
+        # the new tokens' keys and values, row after row, into the pool
+        fresh = torch.stack([t[:B, :, P:].transpose(0, 1) for k, v in layers for t in (k, v)], 0)
+        fresh = fresh.view(fresh.shape[0], fresh.shape[1], B * N, fresh.shape[-1])
+        if (new_len < N).any():
+            fresh = fresh.index_select(2, torch.from_numpy(np.flatnonzero(mine[:B])).to(dev))
+        slots = self._keep(fresh)
+        ends = np.cumsum(new_len)
+        return self._states(seqs, [slots[e - n:e] for e, n in zip(ends.tolist(), new_len.tolist())], list(within),
+                            nexts)
 
-    def _graphed(self, kind: str, rows: int, past: int, new: int, chains):
-        """The CUDA-graph pass for a call of this shape (``graphs.Graphs.get``), or None;
-        ``chains``: the call's lists of past blocks (a block gives the key/value layout)."""
-        if self.graphs is None or not past:
+    def _keep(self, fresh: torch.Tensor) -> np.ndarray:
+        """Put a pass's new keys and values (``[2 * layers, kv_heads, n, head_dim]``) in the
+        pool, grown within the budget's room where it can: their slots."""
+        pool = self.pool
+        size = fresh.shape[0] * fresh.shape[1] * fresh.shape[3] * fresh.element_size()
+        slots = pool.take(fresh.shape[2], fresh, max(self._room() // size, 1))
+        pool.write(slots, fresh)
+        return slots
+
+    def _graphed(self, kind: str, rows: int, past: int, new: int):
+        """The CUDA-graph pass for a call of this shape (``graphs.Graphs.get``), or None."""
+        if self.graphs is None or not past or self.pool.data is None:
             return None
-        if self._kv_shape is None:
-            ref = next(c for c in chains if c)[0].kv
-            self._kv_shape = (ref.shape[0], ref.shape[1], ref.shape[3])
+        d = self.pool.data
+        self._kv_shape = (d.shape[0], d.shape[1], d.shape[3])
         return self.graphs.get(kind, rows, past, new, LOGITS_BYTES)
 
     def _run(self, ids, mask, pos, cache, ntokens: int, logits: bool = True, run=None):
@@ -490,14 +506,14 @@ class TransformersModel(LanguageModel):
         self.stats.tokens += ntokens
         return out, logprobs
 
-    def _states(self, seqs, kvs, within, nexts, store: "_Store") -> List[ModelState]:
-        """The batch's new states: each element's block of new keys and values (``kvs[e]``, a view
-        into ``store``), the log-probabilities of its new tokens from ``within[e]`` (that of each
+    def _states(self, seqs, slots, within, nexts) -> List[ModelState]:
+        """The batch's new states: each element's block of new keys and values (at ``slots[e]``
+        of the pool), the log-probabilities of its new tokens from ``within[e]`` (that of each
         token at the position before it) and its next-token distribution ``nexts[e]``."""
         states = []
         for e, (prev, chain, new, known) in enumerate(seqs):
             parent = chain[-1] if chain else None
-            block = KVBlock(parent, kvs[e], len(new), (parent.length if parent else 0) + len(new), store)
+            block = KVBlock(parent, slots[e], len(new), (parent.length if parent else 0) + len(new))
             self._register(block)
             # `known` tokens of `new` were read before the caller's (the start token, or a whole
             # evicted sequence); the first caller token's probability needs the position before it
@@ -520,9 +536,9 @@ class TransformersModel(LanguageModel):
         nxt[:-1] = ids[1:].to(dev)
         within = torch.gather(logprobs, 1, nxt.unsqueeze(-1)).squeeze(-1).double().cpu().numpy()
         nexts = logprobs[torch.from_numpy(starts[1:] - 1).to(dev)]
+        slots = self._keep(fresh)
         spans = list(zip(starts[:-1].tolist(), starts[1:].tolist()))
-        return self._states(seqs, [fresh[:, :, r0:r1] for r0, r1 in spans], [within[r0:r1] for r0, r1 in spans],
-                            nexts, _Store(fresh.numel() * fresh.element_size()))
+        return self._states(seqs, [slots[r0:r1] for r0, r1 in spans], [within[r0:r1] for r0, r1 in spans], nexts)
 
     def _tree_pass(self, news, bases, union: List[KVBlock], parts, logits: bool = True):
         """One forward pass of elements' new tokens (``news[e]``, at positions from ``bases[e]``),
@@ -538,19 +554,23 @@ class TransformersModel(LanguageModel):
         starts = np.cumsum([0] + [len(n) for n in news])
         T = int(starts[-1])
         ids = torch.tensor([t for n in news for t in n], dtype=torch.long)
+        sizes, ns = np.diff(starts), np.array([b.n for b in union], np.int64)
+        # the position of each key: the union's blocks', then the new tokens'
+        depth = np.concatenate([np.repeat(np.array([b.length for b in union], np.int64) - ns - offsets[:-1], ns)
+                                + np.arange(U), np.repeat(np.asarray(bases, np.int64) - starts[:-1], sizes)
+                                + np.arange(T)])
+        # which union blocks each element sees, spread to their tokens; its own tokens up to each one
+        sees = np.zeros((len(parts), len(union)), bool)
+        sees[np.repeat(np.arange(len(parts)), [len(b) for b, _ in parts]),
+             np.fromiter((k for b, _ in parts for k in b), np.int64)] = True
         allowed = np.zeros((T, U + T), bool)
-        depth = np.zeros(U + T, np.int64)  # the position of each key
-        for k, b in enumerate(union):
-            depth[offsets[k]:offsets[k + 1]] = np.arange(b.length - b.n, b.length)
-        for e, (blocks, among) in enumerate(parts):
-            r0, r1 = starts[e], starts[e + 1]
-            depth[U + r0:U + r1] = np.arange(bases[e], bases[e] + r1 - r0)
-            for k in blocks:
-                allowed[r0:r1, offsets[k]:offsets[k + 1]] = True
+        allowed[:, :U] = np.repeat(np.repeat(sees, sizes, 0), ns, 1)
+        own = np.repeat(np.arange(len(parts)), sizes)
+        allowed[:, U:] = (own[:, None] == own[None, :]) & np.tri(T, dtype=bool)
+        for e, (_, among) in enumerate(parts):
             for f in among:
-                allowed[r0:r1, U + starts[f]:U + starts[f + 1]] = True
-            allowed[r0:r1, U + r0:U + r1] = np.tril(np.ones((r1 - r0, r1 - r0), bool))
-        graphed = self._graphed(TREE, T, U, 1, [union]) if logits else None
+                allowed[starts[e]:starts[e + 1], U + starts[f]:U + starts[f + 1]] = True
+        graphed = self._graphed(TREE, T, U, 1) if logits else None
         if graphed is not None:  # padded to the graph's shape: its extra keys and rows see nothing else
             Tb, Ub = graphed.rows, graphed.past
             wide = np.zeros((Tb, Ub + Tb), bool)
@@ -573,13 +593,13 @@ class TransformersModel(LanguageModel):
         if U:
             for blk in union:
                 self._touch(blk)
-            # the ancestors' keys and values one after another, with room for the new tokens'
-            full = self._stage.lay_out(union, T)  # [2 * layers, kv_heads, >= U + T, head_dim]
             if graphed is None:
+                # the ancestors' keys and values one after another, with room for the new tokens'
+                full = self._stage.lay_out(union, T, self.pool)  # [2 * layers, kv_heads, >= U + T, head_dim]
                 cache = self._preloaded([(full[2 * i, :, :U + T].unsqueeze(0), full[2 * i + 1, :, :U + T].unsqueeze(0))
                                          for i in range(full.shape[0] // 2)], U)
             else:
-                graphed.kv[:, :, :U].copy_(full[:, :, :U])
+                graphed.kv[:, :, :U] = self.pool.read(np.concatenate([b.slots for b in union]))
         if graphed is None:
             out, logprobs = self._run(ids.unsqueeze(0), mask, pos, cache, T, logits)
         else:
@@ -592,26 +612,27 @@ class TransformersModel(LanguageModel):
 
     def _batch_cache(self, chains, past_len, P, N, into=None):
         """The batch's past keys and values, left-padded to ``P``, each followed by room for
-        ``N`` new tokens, built with one concatenation (``into``: a ``graphs.Pass`` whose buffer
-        takes them, its rows beyond the batch's zeros; nothing is returned)."""
-        ref = next(c for c in chains if c is not None)[0].kv
-        zeros = ref.new_zeros(ref.shape[:2] + (P + N,) + ref.shape[3:])
+        ``N`` new tokens, gathered from the pool at once into the staging buffer (``into``: a
+        ``graphs.Pass`` whose buffer takes them, its rows beyond the batch's zeros; nothing is
+        returned)."""
+        pad = np.full(P + N, PAD, np.int64)
         pieces = []
-        for chain, n in zip(chains, past_len):
+        for chain, n in zip(chains, past_len.tolist()):
             if P - n:
-                pieces.append(zeros[:, :, :P - n])
+                pieces.append(pad[:P - n])
             for blk in chain or ():
                 self._touch(blk)
-                pieces.append(blk.kv)
-            pieces.append(zeros[:, :, :N])
+                pieces.append(blk.slots)
+            pieces.append(pad[:N])
         if into is not None:
-            pieces += [zeros] * (into.rows - len(chains))
-            torch.cat(pieces, dim=2, out=into.kv)
+            pieces += [pad] * (into.rows - len(chains))
+            self.pool.read(np.concatenate(pieces), out=into.kv)
             return None
-        full = torch.cat(pieces, dim=2)  # [2 * layers, kv_heads, batch * (P + N), head_dim]
-        full = full.view(ref.shape[0], ref.shape[1], len(chains), P + N, ref.shape[3])
+        # [2 * layers, kv_heads, batch * (P + N), head_dim]
+        full = self._stage.gather(np.concatenate(pieces), self.pool)
+        full = full.view(full.shape[0], full.shape[1], len(chains), P + N, full.shape[3])
         return self._preloaded([(full[2 * i].transpose(0, 1), full[2 * i + 1].transpose(0, 1))
-                                for i in range(ref.shape[0] // 2)], P)
+                                for i in range(full.shape[0] // 2)], P)
 
     def _preloaded(self, layers, filled: int):
         """The cache of a call whose past keys and values fill the first ``filled`` positions of
