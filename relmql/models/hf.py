@@ -599,7 +599,9 @@ class TransformersModel(LanguageModel):
                 cache = self._preloaded([(full[2 * i, :, :U + T].unsqueeze(0), full[2 * i + 1, :, :U + T].unsqueeze(0))
                                          for i in range(full.shape[0] // 2)], U)
             else:
-                graphed.kv[:, :, :U] = self.pool.read(np.concatenate([b.slots for b in union]))
+                # straight into the graph's buffer, its padding and the new tokens' room read as zeros
+                self.pool.read(np.concatenate([b.slots for b in union] + [np.full(graphed.kv.shape[2] - U, PAD)]),
+                               out=graphed.kv)
         if graphed is None:
             out, logprobs = self._run(ids.unsqueeze(0), mask, pos, cache, T, logits)
         else:
