@@ -179,8 +179,8 @@ class TransformersModel(LanguageModel):
             self.attention = (f"padded copies of each sequence's keys and values ({kind} gave other numbers under a "
                               f"tree attention mask: {worst:.1e})")
         elif worst is not None:
-            self.attention = ("tree attention: each call lays out its nodes' ancestors' keys and values once, a "
-                              "shared beginning kept in place from call to call")
+            self.attention = ("tree attention: keys and values in one pool, from which each call gathers its nodes' "
+                              "ancestors' once, a shared beginning kept in place from call to call")
         if self.grouped_attention:
             notes.append("grouped-query heads share their keys and values")
         self.attention += "".join(f"; {n}" for n in notes)
