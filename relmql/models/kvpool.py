@@ -18,8 +18,9 @@ class KVPool:
     """Keys and values ``[2 * layers, kv_heads, capacity, head_dim]`` (keys of layer l at 2l,
     values at 2l + 1), one token per slot. ``take`` gives out free slots, growing the buffer by
     half when short; ``give_back`` returns a block's slots (from a weak reference's callback, at
-    any allocation: it only appends, and ``take`` only removes what it counted before); ``pack``
-    moves the slots in use to the front of a smaller buffer."""
+    any allocation, so it only appends to a list that ``take`` swaps for an empty one before
+    reading); ``resize`` with the live blocks packs their slots at the front of a smaller
+    buffer."""
 
     def __init__(self):
         self.data: Optional[torch.Tensor] = None
@@ -28,10 +29,12 @@ class KVPool:
 
     @property
     def capacity(self) -> int:
+        """Slots of the buffer, the padding's included."""
         return 0 if self.data is None else self.data.shape[2]
 
     @property
     def slot_bytes(self) -> int:
+        """Bytes of one token's keys and values (0 before the first)."""
         d = self.data
         return 0 if d is None else d.shape[0] * d.shape[1] * d.shape[3] * d.element_size()
 
@@ -44,13 +47,6 @@ class KVPool:
     def used(self) -> int:
         """Slots holding a block's keys and values."""
         return max(self.capacity - 1 - len(self._free) - len(self._dead), 0)
-
-    def matches(self, like: torch.Tensor) -> bool:
-        """Whether keys and values shaped as ``like`` (``[2 * layers, kv_heads, n, head_dim]``)
-        fit this pool's buffer."""
-        d = self.data
-        return (d is not None and d.shape[:2] == like.shape[:2] and d.shape[3] == like.shape[3]
-                and d.dtype == like.dtype and d.device == like.device)
 
     def take(self, n: int, like: torch.Tensor, limit: Optional[int] = None) -> np.ndarray:
         """``n`` free slots (a new buffer shaped for ``like`` where the pool has none), the buffer
@@ -110,6 +106,3 @@ class KVPool:
         if out is None:
             return self.data.index_select(2, self.index(slots))
         return torch.index_select(self.data, 2, self.index(slots), out=out)
-
-    def clear(self) -> None:
-        self.data, self._free, self._dead = None, [], []
