@@ -532,3 +532,46 @@ def test_a_prefix_that_ends_with_a_space_is_warned_about(gpt2_vocab, smol_vocab,
             assert [w for w in spaced.warnings if w.startswith("PREFIX ends with a space")], vocab
             assert not compile("The capital of France is Paris", vocab, "The capital of France is", options).warnings
         assert not compile("The capital ", vocab, "The capital ", CANON).warnings
+
+
+def test_look_ahead_extends_the_way_it_found(smol_vocab, monkeypatch):
+    """Along a long literal PREFIX each state's children are asked again, one token deeper, whether
+    a way leads on past BPE's pair rule: the look-ahead first tries the target through which a
+    state led on last (one step, not a walk of 16), with every prefix state's arcs the same as
+    looking ahead afresh each time, and far fewer BPE steps."""
+    from relmql import automata
+    text = re.escape("The river ran high that spring, and the ferryman said he had never seen the "
+                     "water so brown. \"It carries the hills with it,\" he told the children, who "
+                     "watched the broken branches turn in the current and wondered where they went.")
+    steps = [0]
+    step = TokenAutomaton._bpe_step
+
+    def counted(self, *args):
+        steps[0] += 1
+        return step(self, *args)
+    monkeypatch.setattr(TokenAutomaton, "_bpe_step", counted)
+
+    class Forgetful(dict):
+        def __setitem__(self, key, value):
+            pass
+
+    def prefix_arcs(remember: bool):
+        automata._compile.cache_clear()  # an automaton of its own, no arcs known yet
+        ta = compile(text + " ([a-z]+)", smol_vocab, text, CompileOptions(prefix_tokenization="canonical"))
+        if not remember:
+            ta._alive_via = Forgetful()
+        steps[0] = 0
+        seen, todo, out = {ta.start}, [ta.start], {}
+        while todo:
+            s = todo.pop()
+            arcs = ta.arcs(s)
+            out[s] = (arcs.tokens[arcs.prefix].tolist(), arcs.targets[arcs.prefix].tolist())
+            for t in out[s][1]:
+                if t not in seen:
+                    seen.add(t)
+                    todo.append(t)
+        return out, steps[0]
+    fresh, fresh_steps = prefix_arcs(False)
+    remembered, remembered_steps = prefix_arcs(True)
+    assert remembered == fresh and len(fresh) > 40
+    assert 0 < remembered_steps * 2 < fresh_steps, (remembered_steps, fresh_steps)

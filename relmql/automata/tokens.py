@@ -126,6 +126,7 @@ class TokenAutomaton:
         self._arcs_cache = _Lru(CACHE_BYTES // 2)
         self._live_cache: Dict[tuple, object] = {}
         self._alive_memo: Dict[tuple, Tuple[int, int]] = {}  # (state, region) -> (leads on, ends within)
+        self._alive_via: Dict[tuple, int] = {}  # (state, region) -> the target through which it last led on
         self._alive_assumed: set = set()
         self._alive_left = 0
         self._bounds: Dict[int, Tuple[int, int]] = {}
@@ -694,12 +695,21 @@ class TokenAutomaton:
         if self._region_end_ok(q, tau, region) or not self._few_arcs(q):
             self._alive_memo[key] = (ALIVE_DEPTH, ends)
             return True
-        self._alive_left -= 1
-        toks, tq, end, lam2, _ = self._step(q, tau, lam, region)
-        # the longest tokens first: a long forced text is crossed in the fewest steps
-        order = np.argsort(-self.trie.depth[self.trie.token_node[toks]], kind="stable")
-        targets = dict.fromkeys(self._pack(tq[order], end[order], lam2[order]).tolist())
-        result = any(self._alive_within(t, region, depth - 1) for t in targets)
+        # the target it last led on through, first: along a long text each state is asked again
+        # one token deeper than it was (by the next state's children), and this extends the way
+        # already found by one step instead of walking it again
+        via = self._alive_via.get(key)
+        result = via is not None and self._alive_within(via, region, depth - 1)
+        if not result:
+            self._alive_left -= 1
+            toks, tq, end, lam2, _ = self._step(q, tau, lam, region)
+            # the longest tokens first: a long forced text is crossed in the fewest steps
+            order = np.argsort(-self.trie.depth[self.trie.token_node[toks]], kind="stable")
+            for t in dict.fromkeys(self._pack(tq[order], end[order], lam2[order]).tolist()):
+                if t != via and self._alive_within(t, region, depth - 1):
+                    self._alive_via[key] = t
+                    result = True
+                    break
         if self._alive_left > 0:
             on, ends = self._alive_memo.get(key, (0, ALIVE_DEPTH + 1))
             self._alive_memo[key] = (max(on, depth), ends) if result else (on, min(ends, depth))
