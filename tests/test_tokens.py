@@ -212,3 +212,36 @@ def test_a_language_too_long_for_max_tokens_is_known_at_once(gpt2_vocab):
     longest = max(len(t) for t in gpt2_vocab.tokens if t and t.isalpha() and t.islower())
     assert need >= -(-200 // longest)
     assert ta.too_long(need) is None and ta.too_long(64) is None
+
+
+def test_trie_walks_agree_whichever_way_a_state_is_walked(smol_vocab):
+    """``walk_dfa`` walks a state densely (every trie node) or pruned (only live nodes), choosing
+    by how much of the vocabulary its first two bytes begin: the arcs are the same either way,
+    and those of a token-by-token walk of the DFA."""
+    from relmql.automata.trie import trie_for
+    ta = compile(r'The rivers? ran [a-z]+ "high", said (he|she)\.', smol_vocab)
+    delta, trie = ta.delta, trie_for(smol_vocab)
+    dead = delta.shape[0] - 1
+    states = np.arange(dead)
+    mixed = trie.walk_dfa(delta, states)
+    for every in (0.0, 2.0):  # all dense, all pruned
+        assert all(np.array_equal(a, b) for a, b in zip(mixed, trie.walk_dfa(delta, states, dense_at=every)))
+    bounds, toks, tgts = mixed
+    rng = random.Random(5)
+    sample = set(rng.sample(range(len(smol_vocab.tokens)), 3000))
+    sample |= {i for i, t in enumerate(smol_vocab.tokens) if t is not None and t[:2] in (b" r", b" s", b"Th")}
+    for q in states.tolist():
+        want = {}
+        for i in sorted(sample):
+            t = smol_vocab.tokens[i]
+            if t is None:
+                continue
+            s = q
+            for b in t:
+                s = delta[s, b]
+                if s == dead:
+                    break
+            if s != dead:
+                want[i] = int(s)
+        got = dict(zip(toks[bounds[q]:bounds[q + 1]].tolist(), tgts[bounds[q]:bounds[q + 1]].tolist()))
+        assert {i: s for i, s in got.items() if i in sample} == want, q

@@ -53,6 +53,7 @@ class VocabTrie:
         for d in range(int(self.depth.max()) if n > 1 else 0, 0, -1):
             lo, hi = self.level_start[d], self.level_start[d + 1]
             np.add.at(below, parent[lo:hi], below[lo:hi])
+        self.below = below  # tokens in each node's subtree
         self.first_byte_weight = np.zeros(256, np.int64)
         roots = np.arange(1, 1 + self.child_count[0])
         self.first_byte_weight[self.node_byte[roots]] = below[roots]
@@ -138,13 +139,25 @@ class VocabTrie:
         dead). Returns ``(bounds, tokens, targets)``: the arcs of ``starts[i]`` are
         ``tokens[bounds[i]:bounds[i+1]]`` (ascending) and their targets.
 
-        States whose live first bytes begin at least ``dense_at`` of the vocabulary are walked
-        densely over the whole trie, the others with pruning; both vectorized over the states.
+        States whose live first two bytes begin at least ``dense_at`` of the vocabulary are
+        walked densely over the whole trie, the others with pruning; both vectorized over the
+        states. (Two bytes, not one: a position in a literal text reads one first byte that a
+        third of a byte-level vocabulary begins with, " " say, and one second byte.)
         """
         starts = np.asarray(starts, np.int64)
         dead = delta.shape[0] - 1
         reach = (delta[starts, :256] != dead) @ self.first_byte_weight
         dense = reach >= dense_at * len(self.token_node)
+        many = np.flatnonzero(dense)
+        if len(many) and self.max_depth >= 2:
+            lo, hi = self.level_start[1], self.level_start[3]  # the first two levels
+            one = delta[starts[many][:, None], self.node_byte[lo:self.level_start[2]]]
+            two = delta[one[:, self.parent[self.level_start[2]:hi] - lo], self.node_byte[self.level_start[2]:hi]]
+            # tokens of one byte, then the tokens below each live node of the second level
+            ones = self.token_node[self.token_node >= 0]
+            ones = ones[self.depth[ones] == 1] - lo
+            reach2 = (one[:, ones] != dead).sum(1) + (two != dead) @ self.below[self.level_start[2]:hi]
+            dense[many] = reach2 >= dense_at * len(self.token_node)
         toks = [None] * len(starts)
         tgts = [None] * len(starts)
         idx = np.flatnonzero(dense)
