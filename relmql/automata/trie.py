@@ -141,8 +141,8 @@ class VocabTrie:
 
         States whose live first two bytes begin at least ``dense_at`` of the vocabulary are
         walked densely over the whole trie, the others with pruning; both vectorized over the
-        states. (Two bytes, not one: a position in a literal text reads one first byte that a
-        third of a byte-level vocabulary begins with, " " say, and one second byte.)
+        states. (Two bytes, not one: a position in a literal text reads one first byte that
+        most of a byte-level vocabulary begins with, " " say, and one second byte.)
         """
         starts = np.asarray(starts, np.int64)
         dead = delta.shape[0] - 1
