@@ -490,7 +490,11 @@ def test_the_pool_holds_each_token_once_within_the_budget(tiny, monkeypatch):
     small = max(held for _, _, held in seen) // 2  # half of what the search kept at most
     monkeypatch.setattr(tiny, "set_cache_budget", lambda n: setattr(tiny, "kv_budget", small))
     packs, resize = [], KVPool.resize
-    monkeypatch.setattr(KVPool, "resize", lambda pool, n, live=(): packs.append(n < pool.capacity) or resize(pool, n, live))
+
+    def watched_resize(pool, n, live=()):
+        packs.append(n < pool.capacity)
+        return resize(pool, n, live)
+    monkeypatch.setattr(KVPool, "resize", watched_resize)
     again = tiny.stats.recomputed
     packed = search()
     monkeypatch.undo()
