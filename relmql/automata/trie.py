@@ -54,6 +54,7 @@ class VocabTrie:
             lo, hi = self.level_start[d], self.level_start[d + 1]
             np.add.at(below, parent[lo:hi], below[lo:hi])
         self.below = below  # tokens in each node's subtree
+        self.ending = np.diff(self.end_start)  # tokens ending at each node
         self.first_byte_weight = np.zeros(256, np.int64)
         roots = np.arange(1, 1 + self.child_count[0])
         self.first_byte_weight[self.node_byte[roots]] = below[roots]
@@ -150,13 +151,11 @@ class VocabTrie:
         dense = reach >= dense_at * len(self.token_node)
         many = np.flatnonzero(dense)
         if len(many) and self.max_depth >= 2:
-            lo, hi = self.level_start[1], self.level_start[3]  # the first two levels
-            one = delta[starts[many][:, None], self.node_byte[lo:self.level_start[2]]]
-            two = delta[one[:, self.parent[self.level_start[2]:hi] - lo], self.node_byte[self.level_start[2]:hi]]
-            # tokens of one byte, then the tokens below each live node of the second level
-            ones = self.token_node[self.token_node >= 0]
-            ones = ones[self.depth[ones] == 1] - lo
-            reach2 = (one[:, ones] != dead).sum(1) + (two != dead) @ self.below[self.level_start[2]:hi]
+            lo, mid, hi = self.level_start[1:4]  # the nodes of the first level, then of the second
+            one = delta[starts[many][:, None], self.node_byte[lo:mid]]
+            two = delta[one[:, self.parent[mid:hi] - lo], self.node_byte[mid:hi]]
+            # the tokens of one live byte, and those below each live node of the second level
+            reach2 = (one != dead) @ self.ending[lo:mid] + (two != dead) @ self.below[mid:hi]
             dense[many] = reach2 >= dense_at * len(self.token_node)
         toks = [None] * len(starts)
         tgts = [None] * len(starts)
