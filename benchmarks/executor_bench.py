@@ -9,6 +9,7 @@ baseline's alternately, each search in a process of its own.
 
     python -m benchmarks.executor_bench [--baseline 0cd00b1] [--json out.json]
     python -m benchmarks.executor_bench --stub-only --baseline HEAD~3 --runs 9
+    python -m benchmarks.executor_bench --calls --baseline 0be7d2c
     python -m benchmarks.executor_bench --query "long PREFIX, max_memory 64MiB" --baseline HEAD~1
 
 This file is also the worker: ``python benchmarks/executor_bench.py --worker NAME`` with the
@@ -254,6 +255,85 @@ def stub_side_by_side(baseline: str, runs: int = 3) -> Dict:
     return out
 
 
+# ---------------------------------------------------------------- a model call's work outside its forward pass
+
+CALL_CONFIGS = [("url", 256, 3000), ("gw", 32, 2000)]  # search, nodes a call, nodes in all
+
+
+def calls(which: str, batch: int, nodes: int) -> Dict:
+    """The URL or GW search (top-k 40) on SmolLM2 at ``batch`` nodes a call, with the relmql
+    found first on the path: per model call, the seconds outside the forward pass, and the torch
+    operations issued outside it (counted by a ``TorchDispatchMode`` in a second search of half
+    the nodes; on a GPU most of them would be launches or host work)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from relmql.automata import compile
+    from relmql.execute import Decoding, SearchStats, ShortestPath, shortest_path
+    from relmql.models import load_model
+
+    from benchmarks.execute_bench import GW, GW_PREFIX, URL, URL_PREFIX
+    model = load_model("smollm2-135m")
+    gc.freeze()
+    ta = compile(*((URL, model.vocabulary, URL_PREFIX) if which == "url" else (GW, model.vocabulary, GW_PREFIX)))
+
+    def search(most: int) -> SearchStats:
+        stats = SearchStats()
+        for _ in shortest_path(ta, model, Decoding(topk=40), ShortestPath(batch_size=batch, max_nodes=most),
+                               stats=stats):
+            pass
+        return stats
+    search(300)  # warm the automaton
+    f0, c0, t0 = model.stats.seconds, model.stats.calls, time.perf_counter()
+    stats = search(nodes)
+    wall, fwd, n = time.perf_counter() - t0, model.stats.seconds - f0, model.stats.calls - c0
+    inside = [False]
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += not inside[0]
+            return func(*args, **(kwargs or {}))
+    forward = model.model.forward
+
+    def counted(*args, **kwargs):
+        inside[0] = True
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            inside[0] = False
+    model.model.forward = counted
+    c1 = model.stats.calls
+    with Count():
+        search(nodes // 2)
+    return {"nodes": stats.expanded, "calls": n, "outside_ms": (wall - fwd) / n * 1e3,
+            "ops": Count.ops / (model.stats.calls - c1)}
+
+
+def _calls_process(code: Path, which: str, batch: int, nodes: int) -> Dict:
+    """One ``calls`` measurement in a process of its own, with the relmql in ``code``."""
+    env = dict(os.environ, PYTHONPATH=f"{code}{os.pathsep}{ROOT}")
+    p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--calls-worker", f"{which},{batch},{nodes}"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    if p.returncode:
+        raise RuntimeError(f"calls with {code} failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def calls_side_by_side(baseline: str) -> str:
+    """``calls`` for each configuration, the baseline's relmql and this checkout's, as a table."""
+    lines = [f"| search, nodes a call | outside the forward pass a call, `{baseline}` | now | "
+             f"torch operations outside it a call, `{baseline}` | now |", "|---|---:|---:|---:|---:|"]
+    with tempfile.TemporaryDirectory() as tmp:
+        before = Path(tmp)
+        _extract(baseline, before)
+        for which, batch, nodes in CALL_CONFIGS:
+            b, a = (_calls_process(code, which, batch, nodes) for code in (before, ROOT))
+            lines.append(f"| {which.upper()}, {batch} | {b['outside_ms']:.1f} ms | {a['outside_ms']:.1f} ms | "
+                         f"{b['ops']:,.0f} | {a['ops']:,.0f} |")
+    return "\n".join(lines)
+
+
 def run(baseline: str = BASELINE) -> Dict:
     from .setting import setting
     out = {"machine": setting().machine, "versus": versus(baseline)}
@@ -319,6 +399,10 @@ def main(argv: List[str] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--stub-worker", help=argparse.SUPPRESS)
+    p.add_argument("--calls-worker", help=argparse.SUPPRESS)
+    p.add_argument("--calls", action="store_true",
+                   help="only a model call's work outside its forward pass (URL at 256 nodes a call, GW at 32), "
+                        "against --baseline")
     p.add_argument("--stub-only", action="store_true",
                    help="only the executor alone (the stub model), against --baseline side by side")
     p.add_argument("--runs", type=int, default=3, help="searches of each executor per configuration (--stub-only)")
@@ -333,6 +417,13 @@ def main(argv: List[str] = None) -> None:
     if args.stub_worker:
         tok, batch = args.stub_worker.split(",")
         print(json.dumps(stub(tok, int(batch))))
+        return
+    if args.calls_worker:
+        which, batch, nodes = args.calls_worker.split(",")
+        print(json.dumps(calls(which, int(batch), int(nodes))))
+        return
+    if args.calls:
+        print(calls_side_by_side(args.baseline))
         return
     if args.stub_only:  # the executor alone, against --baseline, side by side
         both = stub_side_by_side(args.baseline, args.runs)
