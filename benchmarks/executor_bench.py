@@ -218,13 +218,14 @@ def stub(tok: str, batch: int, nodes: int = 20_000, vocabulary=None) -> Dict:
             "stub_seconds": model.stats.seconds}
 
 
-def _stub_process(code: Path, tok: str, batch: int) -> Dict:
-    """One ``stub`` search in a process of its own, with the relmql in ``code``."""
+def _in_process(code: Path, flag: str, *args) -> Dict:
+    """This file run as ``flag`` (a worker: ``--stub-worker`` or ``--calls-worker``) with ``args``
+    in a process of its own, with the relmql in ``code``: what it prints last, as JSON."""
     env = dict(os.environ, PYTHONPATH=f"{code}{os.pathsep}{ROOT}")
-    p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--stub-worker", f"{tok},{batch}"],
+    p = subprocess.run([sys.executable, str(Path(__file__).resolve()), flag, ",".join(map(str, args))],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     if p.returncode:
-        raise RuntimeError(f"the stub with {code} failed:\n{p.stderr[-3000:]}")
+        raise RuntimeError(f"{flag} {args} with {code} failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
@@ -244,7 +245,7 @@ def stub_side_by_side(baseline: str, runs: int = 3) -> Dict:
             each = {"now": [], "before": []}
             for r in range(runs):
                 for who in (("now", "before") if r % 2 == 0 else ("before", "now")):
-                    each[who].append(_stub_process(ROOT if who == "now" else before, tok, batch))
+                    each[who].append(_in_process(ROOT if who == "now" else before, "--stub-worker", tok, batch))
             for who, got in each.items():
                 mid = sorted(got, key=lambda x: x["nodes_per_s"])[len(got) // 2]
                 out[who][name] = dict(mid, runs=[x["nodes_per_s"] for x in got])
@@ -310,16 +311,6 @@ def calls(which: str, batch: int, nodes: int) -> Dict:
             "ops": Count.ops / (model.stats.calls - c1)}
 
 
-def _calls_process(code: Path, which: str, batch: int, nodes: int) -> Dict:
-    """One ``calls`` measurement in a process of its own, with the relmql in ``code``."""
-    env = dict(os.environ, PYTHONPATH=f"{code}{os.pathsep}{ROOT}")
-    p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--calls-worker", f"{which},{batch},{nodes}"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
-    if p.returncode:
-        raise RuntimeError(f"calls with {code} failed:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
-
-
 def calls_side_by_side(baseline: str) -> str:
     """``calls`` for each configuration, the baseline's relmql and this checkout's, as a table."""
     lines = [f"| search, nodes a call | outside the forward pass a call, `{baseline}` | now | "
@@ -328,7 +319,7 @@ def calls_side_by_side(baseline: str) -> str:
         before = Path(tmp)
         _extract(baseline, before)
         for which, batch, nodes in CALL_CONFIGS:
-            b, a = (_calls_process(code, which, batch, nodes) for code in (before, ROOT))
+            b, a = (_in_process(code, "--calls-worker", which, batch, nodes) for code in (before, ROOT))
             lines.append(f"| {which.upper()}, {batch} | {b['outside_ms']:.1f} ms | {a['outside_ms']:.1f} ms | "
                          f"{b['ops']:,.0f} | {a['ops']:,.0f} |")
     return "\n".join(lines)

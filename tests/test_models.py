@@ -218,9 +218,7 @@ def test_graph_shapes_are_kept_within_their_limits(tiny):
     logits) count in the model's key/value bytes and stay within half its budget, a larger
     buffer replaces the old one and the passes that read it, and shrink lets everything go."""
     from relmql.models import graphs as g
-    tiny.extend([None], [tiny.vocabulary.encode("Hello there")])
-    ref = tiny.pool.data
-    tiny._kv_shape = (ref.shape[0], ref.shape[1], ref.shape[3])
+    tiny.extend([None], [tiny.vocabulary.encode("Hello there")])  # the pool, whose shape the graphs take
     budget = tiny.kv_budget
     graphs = g.Graphs(tiny, capture=False, defer=True)
     tiny.graphs = graphs

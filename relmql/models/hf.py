@@ -99,7 +99,6 @@ class TransformersModel(LanguageModel):
         self.preload = True  # a call's past keys and values are laid out with room for its new ones
         self.tree_attention = False
         self.graphs: Optional[Graphs] = None  # padded passes replayed as CUDA graphs (on a GPU)
-        self._kv_shape = None  # (2 * layers, kv_heads, head_dim), from the first block read
         self.attention = "padded copies of each sequence's keys and values"
         self._probe_tree_attention()
         if self.device.type == "cuda":
@@ -471,19 +470,21 @@ class TransformersModel(LanguageModel):
     def _keep(self, fresh: torch.Tensor) -> np.ndarray:
         """Put a pass's new keys and values (``[2 * layers, kv_heads, n, head_dim]``) in the
         pool, grown within the budget's room where it can: their slots."""
-        pool = self.pool
-        size = fresh.shape[0] * fresh.shape[1] * fresh.shape[3] * fresh.element_size()
-        slots = pool.take(fresh.shape[2], fresh, max(self._room() // size, 1))
-        pool.write(slots, fresh)
+        slots = self.pool.take(fresh.shape[2], fresh, self._room())
+        self.pool.write(slots, fresh)
         return slots
 
     def _graphed(self, kind: str, rows: int, past: int, new: int):
         """The CUDA-graph pass for a call of this shape (``graphs.Graphs.get``), or None."""
         if self.graphs is None or not past or self.pool.data is None:
             return None
-        d = self.pool.data
-        self._kv_shape = (d.shape[0], d.shape[1], d.shape[3])
         return self.graphs.get(kind, rows, past, new, LOGITS_BYTES)
+
+    @property
+    def _kv_shape(self) -> tuple:
+        """``(2 * layers, kv_heads, head_dim)`` of the pool's keys and values (the graphs' shapes)."""
+        d = self.pool.data
+        return d.shape[0], d.shape[1], d.shape[3]
 
     def _run(self, ids, mask, pos, cache, ntokens: int, logits: bool = True, run=None):
         """One forward pass, timed and counted: its output and float32 log-probabilities (as

@@ -48,9 +48,9 @@ class KVPool:
         """Slots holding a block's keys and values."""
         return max(self.capacity - 1 - len(self._free) - len(self._dead), 0)
 
-    def take(self, n: int, like: torch.Tensor, limit: Optional[int] = None) -> np.ndarray:
+    def take(self, n: int, like: torch.Tensor, room: Optional[int] = None) -> np.ndarray:
         """``n`` free slots (a new buffer shaped for ``like`` where the pool has none), the buffer
-        grown by half when short, to at most ``limit`` slots unless ``n`` needs more."""
+        grown by half when short, to at most ``room`` bytes unless ``n`` needs more."""
         if self.data is None:
             self.data = like.new_zeros(like.shape[:2] + (max(n + 1, 256),) + like.shape[3:])
             self._free = list(range(self.capacity - 1, PAD, -1))
@@ -59,7 +59,9 @@ class KVPool:
         if len(self._free) < n:
             need = self.capacity + n - len(self._free)
             grown = max(self.capacity * 3 // 2, 256)
-            self.resize(max(need, min(grown, limit or grown)))
+            if room is not None:
+                grown = min(grown, max(room // self.slot_bytes, 1))
+            self.resize(max(need, grown))
         have = len(self._free)
         got = np.array(self._free[have - n:have], dtype=np.int64)
         del self._free[have - n:have]
