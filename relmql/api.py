@@ -18,7 +18,8 @@ from .memory import approx_bytes, format_size
 from .models import BUILTIN_MODELS, LanguageModel, ModelCache
 from .output import render_table
 from .output.format import format_value
-from .plan import OPTIONS, ModelRef, PlanError, QueryPlan, TestPlan, cell_weight, constant, defaults, option, plan
+from .plan import (OPTIONS, ModelRef, PlanError, QueryPlan, TestPlan, cell_weight, check_params, constant, defaults,
+                   option, plan)
 from .plan.expr import is_aggregate, is_probability
 from .plan.options import shown
 from .records import Cancelled, Stop, cancelling
@@ -469,6 +470,7 @@ class Connection:
             from .models.device import approximate
             self._check_open()
             if isinstance(p, QueryPlan) and remote is None:
+                check_params(p)  # before the model loads
                 model = load(p, self.model)  # before the clock starts: row times are the query's own
                 result.approximate = model.approximate
                 result._t0 = time.perf_counter()

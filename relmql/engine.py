@@ -15,14 +15,15 @@ import sys
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from .automata import compile, memory_bound
+from .automata import check_patterns, compile, memory_bound
 from .automata.language import levenshtein, nearest, unedited, viable_length
 from .errors import Error
 from .execute import Mass, Row, SampleStats, SearchStats, execute, measure
 from .execute.shortest import NO_ROW
 from .memory import DEFAULT_MAX_MEMORY, approx_bytes, format_size, shares
 from .models import LanguageModel
-from .plan import DatasetPlan, ModelRef, Plan, QueryPlan, count_selected, evaluate, plan_row, selected_rows
+from .plan import (DatasetPlan, ModelRef, Plan, QueryPlan, check_params, count_selected, evaluate, plan_row,
+                   selected_rows)
 from .plan.expr import Env, truth
 from .plan.options import PlanError, shown
 from .records import (COLUMNS, COMPUTED_COLUMNS, Cancelled, ExecutionError, Measure, Sample, ShortestPath, Stop,
@@ -214,6 +215,7 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
     which ``run`` keeps out of the groups. ``on_note(text)``, for a progress display before a row
     is found, is told while the automaton compiles, and after each model call how far a search has
     gone (``nodes_note``) or how many draws a sampler has made (``draws_note``)."""
+    check_params(plan)
     model = load(plan, models)
     automaton = compile_plan(plan, model, cancel, on_note)
     regex = match_regex(plan)
@@ -410,7 +412,12 @@ def stopped_rows_warning(stopped: List[Stop], rows: int) -> str:
 
 
 def load(plan: QueryPlan, models: Models) -> LanguageModel:
-    """The plan's model; a model that cannot be loaded is an error under FROM's text."""
+    """The plan's model, once its regexes parse (their syntax errors come before a model loads,
+    which takes seconds); a model that cannot be loaded is an error under FROM's text."""
+    try:
+        check_patterns(plan.matching, plan.prefix, plan.compile.exclude, plan.compile.max_states)
+    except Error as e:
+        raise (plan.source_error(e) if e.role else e) from None
     try:
         return models(plan.model)
     except Error as e:

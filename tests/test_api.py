@@ -595,3 +595,24 @@ def test_rows_past_the_keep_budget_stream_through_and_are_not_kept(con):
     s.KEEP_BYTES = 2000
     got = [t for t, in s]
     assert len(got) == 300 and got == [t for t, in con.sql("SELECT text MATCHING 'a|b' USING seed 3 SAMPLE 300")]
+
+
+@pytest.mark.parametrize("sql, says, under", [
+    (r"SELECT text MATCHING '(a)\1'", "back-references are not regular", r"\1"),
+    ("SELECT text MATCHING 'ab' PREFIX '(a'", "missing ), unterminated subpattern", "("),
+    ("SELECT text MATCHING '[ab]+' WHERE text NOT MATCHING 'a{5,2}'", "min repeat greater than max repeat", "5"),
+    ("SELECT :who AS w, text MATCHING 'a'", "parameter :who has no value", ":who"),
+    ("SELECT text MATCHING 'a|b' WHERE text = :what", "parameter :what has no value", ":what"),
+])
+def test_errors_in_the_query_s_text_come_before_its_model_loads(sql, says, under):
+    """A regex's syntax and a parameter without a value are the query's own errors, said with a
+    caret before the model loads (seconds for a built-in model: they were said after it, and a
+    parameter in the columns only at the first row)."""
+    with relmql.connect(model="tiny-gpt2") as con:
+        with pytest.raises(relmql.Error, match=re.escape(says)) as info:
+            con.sql(sql).fetchall()
+        assert con.models.names() == []  # no model loaded
+        e = info.value
+        assert e.source == sql and e.span is not None and sql[e.span[0]:e.span[1]].startswith(under), e.render()
+        if ":" in under:  # EXPLAIN shows the plan of a query whose parameters are bound when it runs
+            assert con.sql("EXPLAIN " + sql).fetchall() and con.models.names() == ["tiny-gpt2"]

@@ -272,12 +272,27 @@ def test_bad_param_is_an_error(capsys, bad):
 
 @pytest.mark.parametrize("flag, value, says", [("--seed", "-1", "seed must be at least 0"),
                                                ("--threads", "0", "threads must be at least 1"),
+                                               ("--threads", "100000", "threads must be at most"),
                                                ("--device", "tpu", "device is cpu, cuda")])
 def test_a_flag_value_no_setting_takes_is_a_wrong_command_line(capsys, flag, value, says):
     """As a value argparse refuses (``--seed abc``): exit status 2, nothing run, one message (a
     model, GPU or Ray that is not here is an error of this machine: exit status 1)."""
     code, out, err = run(capsys, flag, value, "-c", "SELECT text MATCHING 'a';")
     assert code == 2 and out == "" and err.startswith("error: " + says)
+
+
+def test_threads_past_the_machine_s_cpus_are_refused_where_they_are_set(capsys):
+    """torch starts a thread for each: 100,000 crashed the process (signal 11), with no message."""
+    import os
+    import torch
+    threads = torch.get_num_threads()
+    code, out, err = run(capsys, "-c", "SET threads = 100000;\nSELECT text MATCHING 'a';")
+    assert code == 1 and out == "" and torch.get_num_threads() == threads
+    cpus = os.cpu_count()
+    assert f"error: threads must be at most {cpus}, the CPUs of this machine, not 100,000" in err
+    assert "LINE 1: SET threads = 100000;\n" + " " * 22 + "^^^^^^\n" in err and "hint: more threads than CPUs" in err
+    code, out, err = run(capsys, "-c", f"SET threads = {cpus}; SET threads = DEFAULT;")
+    assert code == 0, err
 
 
 def test_param_names_in_any_script(capsys):

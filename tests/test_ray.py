@@ -364,6 +364,14 @@ def test_cpu_shares_fit_the_nodes():
     assert cpu_share([2], 4) == 0.5  # more workers than CPUs share them
 
 
+def test_more_cpu_workers_than_cpus_are_refused(local_ray):
+    # each worker loads a model of its own: 1,000 on 2 CPUs would exhaust memory, not run faster
+    with pytest.raises(Error, match="workers = 3 on CPUs: the Ray cluster has 2 CPUs") as info:
+        Cluster("", workers=3)
+    assert "one worker per CPU" in info.value.hint
+    assert ray.is_initialized()  # the test's instance, not the refused cluster's, stays
+
+
 def test_ray_client_addresses_are_refused_with_a_reason():
     with pytest.raises(Error, match="cannot stream rows"):
         Cluster("ray://head:10001")

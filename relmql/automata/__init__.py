@@ -14,7 +14,7 @@ from ..errors import CompileError
 from ..models.vocab import Vocabulary
 from ..records import EDIT_SCOPES, MAX_EDITS, TOKENIZATIONS, CompileOptions
 from .bytedfa import ByteDFA
-from .language import Language, LanguageSpec, compile_language
+from .language import Language, LanguageSpec, check_patterns, compile_language
 from .primitives import memory_bound
 from .tokens import Arcs, TokenAutomaton
 
@@ -75,4 +75,4 @@ def _spaced_words(vocabulary: Vocabulary) -> bool:
 
 
 __all__ = ["compile", "CompileOptions", "TokenAutomaton", "Arcs", "Language", "LanguageSpec", "ByteDFA",
-           "compile_language", "memory_bound"]
+           "check_patterns", "compile_language", "memory_bound"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from collections import deque
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import pynini
@@ -56,15 +56,34 @@ class Language:
         return count_strings(self.dfa)
 
 
-def _pattern_fst(pattern: str, role: str, max_states: int) -> pynini.Fst:
+def _parsed(pattern: str, role: str, max_states: int) -> rx.Pattern:
     try:
         check_source(pattern, max_states)
-        fst = regex_fst(rx.parse(pattern), max_states)
+        return rx.parse(pattern)
+    except Cancelled:
+        raise
+    except Error as e:
+        raise _role(e, role)
+
+
+def check_patterns(matching: str, prefix: Optional[str], exclude: Sequence[str], max_states: int) -> None:
+    """Parse MATCHING, PREFIX and the exclusions (quick, before a model loads): a syntax error,
+    its ``role`` set, as compiling them would raise it."""
+    _parsed(matching, "MATCHING", max_states)
+    if prefix:
+        _parsed(prefix, "PREFIX", max_states)
+    for k, pattern in enumerate(exclude):
+        _parsed(pattern, f"exclusion {k + 1}", max_states)
+
+
+def _pattern_fst(pattern: str, role: str, max_states: int) -> pynini.Fst:
+    parsed = _parsed(pattern, role, max_states)
+    try:
+        fst = regex_fst(parsed, max_states)
     except Cancelled:
         raise  # the user's doing, not the pattern's
     except Error as e:
-        e.role = role
-        raise
+        raise _role(e, role)
     if fst.num_states() == 0 or fst.copy().connect().num_states() == 0:
         raise _role(CompileError(f"{role} matches no string", (0, len(pattern)), pattern), role)
     return fst

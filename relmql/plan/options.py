@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -74,7 +75,7 @@ class OptionSpec:
     low_open: bool = False
     high_open: bool = False
     session_only: bool = False
-    validate: Optional[Callable[[str], None]] = None  # text: raises an Error for a value that names nothing
+    validate: Optional[Callable[[Any], None]] = None  # raises an Error for a value that names nothing or is too much
 
     def check(self, value, span=None, source=None):
         """``value`` converted to this option's type, or a ``PlanError``."""
@@ -138,6 +139,12 @@ class OptionSpec:
             raise bad(f"must be {'more than' if self.low_open else 'at least'} {self.low:g}, not {shown(value)}")
         if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
             raise bad(f"must be {'less than' if self.high_open else 'at most'} {self.high:g}, not {shown(value)}")
+        if self.validate is not None:
+            try:
+                self.validate(value)
+            except Error as e:
+                e.span, e.source = span, source
+                raise
         return value
 
 
@@ -147,6 +154,15 @@ _DEVICE = re.compile(r"auto|cpu|mps|(cuda|xpu)(:\d+)?")
 def _check_device(name: str) -> None:
     if not _DEVICE.fullmatch(name):
         raise PlanError(f"device is cpu, cuda, cuda:N or auto, not {shown(name)}")
+
+
+def _check_threads(n: int) -> None:
+    """At most this machine's CPUs: torch starts a thread for each (100,000 of them crashed the
+    process, 10,000 made a 10-second query run for minutes)."""
+    cpus = os.cpu_count() or 1
+    if n > cpus:
+        raise PlanError(f"threads must be at most {cpus}, the CPUs of this machine, not {n:,}",
+                        hint="more threads than CPUs only take turns; leave threads unset for torch's own choice")
 
 
 OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
@@ -211,7 +227,8 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
                validate=check_model_name),
     OptionSpec("threads", "int", None, "session",
                "CPU threads of the model's arithmetic, in this process or (engine ray) in each worker "
-               "(default: torch's own choice here, a worker's share of the CPUs there)", low=1, session_only=True),
+               "(default: torch's own choice here, a worker's share of the CPUs there)", low=1, session_only=True,
+               validate=_check_threads),
     OptionSpec("engine", "choice", "local", "session",
                "where queries run: local (this process) or ray (worker processes of a Ray cluster; "
                "pip install 'relmql[ray]')", ("local", "ray"), session_only=True),

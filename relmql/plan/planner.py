@@ -191,6 +191,17 @@ class _ConstEnv(Env):
         raise PlanError(f"{self.where} cannot use group(): there is no result row yet", node.span, self.source)
 
 
+def check_params(plan: QueryPlan) -> None:
+    """Refuse a parameter without a value in the columns, WHERE or GROUP BY before the query
+    runs (else it is found at the first row, after the model has loaded and the search run;
+    EXPLAIN shows such a plan)."""
+    env = _ConstEnv(plan.param_dict(), plan.source, "")
+    for expr in [o.expr for o in plan.outputs] + [plan.where] * (plan.where is not None) + list(plan.group_by):
+        for node in expr.walk():
+            if isinstance(node, A.Param):
+                env.param(node)
+
+
 def constant(node: A.Node, params, source, where):
     """The value of an expression that refers to no result row (params and functions only)."""
     check_calls(node, source, allow_aggregates=False, allow_rows=False)
