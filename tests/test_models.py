@@ -502,6 +502,62 @@ def test_the_pool_holds_each_token_once_within_the_budget(tiny, monkeypatch):
     assert tiny.stats.recomputed > again and any(packs) and all(used <= budget for used, budget, _ in seen), seen
 
 
+def test_the_pool_writes_as_index_copy_and_reads_as_index_select():
+    """``KVPool.write`` (slices for a few runs of consecutive slots, else ``index_copy_``) and
+    ``read`` against torch's scatter and gather along the slot dimension."""
+    from relmql.models.kvpool import RUNS, KVPool
+    gen = torch.Generator().manual_seed(0)
+    pool = KVPool()
+    like = torch.randn(6, 2, 1, 4, generator=gen)
+    pool.take(299, like)
+    pool.data.normal_(generator=gen)
+    rng = np.random.default_rng(0)
+    runs = np.concatenate([np.arange(5, 9), np.arange(40, 41), np.arange(100, 130)])  # 3 runs
+    scattered = rng.choice(np.arange(1, 300), 2 * RUNS + 5, replace=False)            # many
+    for slots in (np.arange(1, 300), runs, scattered, np.array([7])):
+        kv = torch.randn(6, 2, len(slots), 4, generator=gen)
+        want = pool.data.clone().index_copy_(2, torch.from_numpy(slots), kv)
+        pool.write(slots, kv)
+        assert torch.equal(pool.data, want)
+        index = torch.from_numpy(np.concatenate([slots, [0, 3]]))
+        assert torch.equal(pool.read(index.numpy()), pool.data.index_select(2, index))
+        out = torch.empty(6, 2, len(index), 4)
+        assert pool.read(index.numpy(), out=out) is out and torch.equal(out, pool.data.index_select(2, index))
+    assert np.array_equal(KVPool().take(5, like), np.arange(1, 6))  # a fresh pool gives out one run
+
+
+@pytest.mark.parametrize("model_name", ["tiny", "smol"])
+def test_new_keys_are_read_where_the_model_wrote_them(request, model_name, monkeypatch):
+    """A call's new keys and values go into the pool from the buffer its pasts were gathered
+    into, where the model wrote them (padded and tree passes alike): the same to the bit as
+    copied out of the model's cache layer by layer, and what a plain forward pass computes
+    (within float32 rounding: a pass over a different number of tokens rounds differently)."""
+    import relmql.models.hf as hf
+    from relmql.models.attention import wrote_in_place
+    model = request.getfixturevalue(model_name)
+    seen = []
+    enc = model.vocabulary.encode
+    root = model.extend([None], [enc("The history of the city")])[0]
+    news = [enc(" and"), enc(" but the"), enc(" or")]
+    for tree in (True, False):
+        monkeypatch.setattr(model, "tree_attention", tree)
+        got = []
+        for read_in_place in (True, False):
+            seen.clear()
+            monkeypatch.setattr(hf, "wrote_in_place", lambda cache: seen.append(wrote_in_place(cache))
+                                or (seen[-1] and read_in_place))
+            kids = model.extend([root] * 3, news)
+            assert seen == [True]
+            got.append([model.pool.read(st.cache.slots) for st in kids])
+        assert all(torch.equal(a, b) for a, b in zip(*got))
+        for st in kids:
+            with torch.no_grad():
+                cache = model.model(torch.tensor([[model.bos_id] + list(st.tokens[1:])]), use_cache=True).past_key_values
+            direct = torch.stack([t[0] for layer in cache.layers for t in (layer.keys, layer.values)])
+            slots = np.concatenate([b.slots for b in st.cache.chain()])
+            assert torch.allclose(model.pool.read(slots), direct, atol=1e-4, rtol=1e-4)
+
+
 def test_evicted_state_is_recomputed(tiny):
     s = tiny.extend([None], [tiny.vocabulary.encode("Hello there")])[0]
     s.cache = None

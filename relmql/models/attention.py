@@ -30,17 +30,27 @@ class _Preloaded(DynamicLayer):
         self.keys, self.values = keys[:, :, :filled], values[:, :, :filled]
         self.device = keys.device
         self.is_initialized = True
+        self.in_place = False  # whether the last update wrote into the buffers
 
     def update(self, key_states, value_states, *args, **kwargs):
         end = self._filled + key_states.shape[-2]
         if end > self._k.shape[-2] or self.keys.shape[-2] != self._filled:
             self.keys = torch.cat([self.keys, key_states], dim=-2)
             self.values = torch.cat([self.values, value_states], dim=-2)
+            self.in_place = False
         else:
             self._k[:, :, self._filled:end] = key_states
             self._v[:, :, self._filled:end] = value_states
             self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+            self.in_place = True
         return self.keys, self.values
+
+
+def wrote_in_place(cache) -> bool:
+    """Whether a forward pass over ``preloaded_cache`` left every layer's new keys and values in
+    the buffers it was given (then they are read there, not copied out layer by layer)."""
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(isinstance(layer, _Preloaded) and layer.in_place for layer in layers)
 
 
 def preloaded_cache(layers: Sequence[tuple], filled: int):

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import ModelError
 from ..memory import return_large_blocks
-from .attention import ATTENTION_NAME, Stage, preloaded_cache, use_grouped_attention
+from .attention import ATTENTION_NAME, Stage, preloaded_cache, use_grouped_attention, wrote_in_place
 from .base import LanguageModel, ModelState, ModelStats
 from .device import approximate, resolve_device, resolve_dtype
 from .graphs import PADDED, TREE, Graphs
@@ -447,8 +447,9 @@ class TransformersModel(LanguageModel):
             graphed.pos.copy_(pos)
             self._batch_cache(chains, past_len, P, N, into=graphed)
             out, logprobs = self._run(None, None, None, None, int(new_len.sum()), run=graphed)
+            buf = graphed.kv
         else:
-            cache = self._batch_cache(chains, past_len, P, N) if P else _full_cache()
+            cache, buf = self._batch_cache(chains, past_len, P, N) if P else (_full_cache(), None)
             out, logprobs = self._run(ids, mask.to(dev), pos, cache, int(new_len.sum()))
         logprobs = logprobs[:B]
         # log-probability of each new token given the ones before it
@@ -456,10 +457,14 @@ class TransformersModel(LanguageModel):
         nxt[:, :-1] = ids[:B, 1:].to(dev)
         within = torch.gather(logprobs, 2, nxt.unsqueeze(-1)).squeeze(-1).double().cpu().numpy()
         nexts = logprobs[torch.arange(B, device=dev), torch.from_numpy(new_len - 1).to(dev)]  # [B, vocab]
-        layers = _cache_tensors(out[self._cache_arg])
-        # the new tokens' keys and values, row after row, into the pool
-        fresh = torch.stack([t[:B, :, P:].transpose(0, 1) for k, v in layers for t in (k, v)], 0)
-        fresh = fresh.view(fresh.shape[0], fresh.shape[1], B * N, fresh.shape[-1])
+        # the new tokens' keys and values, row after row, into the pool: read where the model
+        # wrote them, in the buffer the call's pasts were gathered into
+        if buf is not None and wrote_in_place(out[self._cache_arg]):
+            fresh = buf.view(buf.shape[0], buf.shape[1], rows, P + N, buf.shape[-1])[:, :, :B, P:]
+        else:
+            fresh = torch.stack([t[:B, :, P:].transpose(0, 1) for k, v in _cache_tensors(out[self._cache_arg])
+                                 for t in (k, v)], 0)
+        fresh = fresh.reshape(fresh.shape[0], fresh.shape[1], B * N, fresh.shape[-1])
         if (new_len < N).any():
             fresh = fresh.index_select(2, torch.from_numpy(np.flatnonzero(mine[:B])).to(dev))
         slots = self._keep(fresh)
@@ -590,15 +595,15 @@ class TransformersModel(LanguageModel):
             m.masked_fill_(torch.from_numpy(~ok), torch.finfo(self.dtype).min)
             masks[kind] = m.to(dev) if graphed is None else graphed.masks[kind].copy_(m)
         mask = masks[None] if None in masks else masks
-        cache = _full_cache()
+        cache, buf = _full_cache(), None
         if U:
             for blk in union:
                 self._touch(blk)
             if graphed is None:
                 # the ancestors' keys and values one after another, with room for the new tokens'
-                full = self._stage.lay_out(union, T, self.pool)  # [2 * layers, kv_heads, >= U + T, head_dim]
-                cache = self._preloaded([(full[2 * i, :, :U + T].unsqueeze(0), full[2 * i + 1, :, :U + T].unsqueeze(0))
-                                         for i in range(full.shape[0] // 2)], U)
+                buf = self._stage.lay_out(union, T, self.pool)  # [2 * layers, kv_heads, >= U + T, head_dim]
+                cache = self._preloaded([(buf[2 * i, :, :U + T].unsqueeze(0), buf[2 * i + 1, :, :U + T].unsqueeze(0))
+                                         for i in range(buf.shape[0] // 2)], U)
             else:
                 # straight into the graph's buffer, its padding and the new tokens' room read as zeros
                 self.pool.read(np.concatenate([b.slots for b in union] + [np.full(graphed.kv.shape[2] - U, PAD)]),
@@ -609,15 +614,21 @@ class TransformersModel(LanguageModel):
             graphed.ids[0, :T].copy_(ids)
             graphed.pos.copy_(pos)
             out, logprobs = self._run(None, None, None, None, T, run=graphed)
-        layers = _cache_tensors(out[self._cache_arg])
-        fresh = torch.stack([t[0, :, at:at + T] for k, v in layers for t in (k, v)], 0)  # [2 * layers, kv_heads, T, d]
+            buf = graphed.kv
+        # [2 * layers, kv_heads, T, d]: where the model wrote them, or copied out layer by layer
+        if buf is not None and wrote_in_place(out[self._cache_arg]):
+            fresh = buf[:, :, at:at + T]
+        else:
+            layers = _cache_tensors(out[self._cache_arg])
+            fresh = torch.stack([t[0, :, at:at + T] for k, v in layers for t in (k, v)], 0)
         return fresh, (logprobs[0, :T] if logits else None), ids
 
     def _batch_cache(self, chains, past_len, P, N, into=None):
         """The batch's past keys and values, left-padded to ``P``, each followed by room for
-        ``N`` new tokens, gathered from the pool at once into the staging buffer (``into``: a
-        ``graphs.Pass`` whose buffer takes them, its rows beyond the batch's zeros; nothing is
-        returned)."""
+        ``N`` new tokens, gathered from the pool at once into the staging buffer: the cache over
+        it and the buffer, ``[2 * layers, kv_heads, batch * (P + N), head_dim]`` (``into``: a
+        ``graphs.Pass`` whose buffer takes them instead, its rows beyond the batch's zeros; then
+        nothing is returned)."""
         pad = np.full(P + N, PAD, np.int64)
         pieces = []
         for chain, n in zip(chains, past_len.tolist()):
@@ -631,11 +642,10 @@ class TransformersModel(LanguageModel):
             pieces += [pad] * (into.rows - len(chains))
             self.pool.read(np.concatenate(pieces), out=into.kv)
             return None
-        # [2 * layers, kv_heads, batch * (P + N), head_dim]
-        full = self._stage.gather(np.concatenate(pieces), self.pool)
-        full = full.view(full.shape[0], full.shape[1], len(chains), P + N, full.shape[3])
+        flat = self._stage.gather(np.concatenate(pieces), self.pool)
+        full = flat.view(flat.shape[0], flat.shape[1], len(chains), P + N, flat.shape[3])
         return self._preloaded([(full[2 * i].transpose(0, 1), full[2 * i + 1].transpose(0, 1))
-                                for i in range(full.shape[0] // 2)], P)
+                                for i in range(full.shape[0] // 2)], P), flat
 
     def _preloaded(self, layers, filled: int):
         """The cache of a call whose past keys and values fill the first ``filled`` positions of
