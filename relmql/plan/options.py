@@ -103,13 +103,7 @@ class OptionSpec:
         if self.kind == "text":
             if not isinstance(value, str):
                 raise bad(f"is a string, not {shown(value)}")
-            if self.validate is not None:
-                try:
-                    self.validate(value)
-                except Error as e:
-                    e.span, e.source = span, source
-                    raise
-            return value
+            return self._validated(value, span, source)
         if self.kind == "size":
             try:
                 value = parse_size(value)
@@ -139,6 +133,10 @@ class OptionSpec:
             raise bad(f"must be {'more than' if self.low_open else 'at least'} {self.low:g}, not {shown(value)}")
         if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
             raise bad(f"must be {'less than' if self.high_open else 'at most'} {self.high:g}, not {shown(value)}")
+        return self._validated(value, span, source)
+
+    def _validated(self, value, span, source):
+        """``value``, once ``validate`` (if any) accepts it; its error placed at ``span``."""
         if self.validate is not None:
             try:
                 self.validate(value)
