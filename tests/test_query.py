@@ -579,7 +579,10 @@ BAD = [
     ("SELECT text MATCHING 'a' TEST NORMALITY OF text", PlanError, "NORMALITY", "unknown test 'normality'"),
     ("SELECT text, prob MATCHING 'a' TEST INDEPENDENCE OF text", PlanError, "text", "compares two columns"),
     ("SELECT text, count(*) AS n MATCHING 'a' SAMPLE 2 GROUP BY text TEST INDEPENDENCE OF text, n", PlanError, "n",
-     "n is an aggregate, the weight of the cells"),
+     "n is an aggregate: it weighs the cells"),
+    # with count(*) beside it to weigh the cells, p's values were taken as categories (chi2 = 6 over 6 rows)
+    ("SELECT g, probability() AS p, count(*) MATCHING '(?P<g>a|b)c' GROUP BY g TEST INDEPENDENCE OF g, p",
+     PlanError, "p", "p is an aggregate: it weighs the cells"),
     ("SELECT text MATCHING 'a' PREFIX 'b'", CompileError, "b", "no string of MATCHING starts with"),
     # each pattern fits max_states, MATCHING split after PREFIX does not: the caret under MATCHING
     ("SELECT text MATCHING '" + "x" * 60 + "(a|b)' PREFIX '" + "x" * 60 + "' USING max_states 100", CompileError,

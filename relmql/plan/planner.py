@@ -448,16 +448,16 @@ def _test(test: Optional[A.Test], outputs, aggregate: bool, source: str, draws: 
     if a.name == b.name:
         raise PlanError("a test of independence needs two different columns", test.columns[1].span, source)
 
+    tested = next((o for o in (a, b) if is_aggregate(o.expr)), None)
+    if tested is not None:  # OF g, n with n a count(*) or probability() column: each value is no category
+        raise PlanError(f"TEST compares two category columns; {tested.name} is an aggregate: it weighs the "
+                        f"cells, it is not a category", test.columns[(a, b).index(tested)].span, source,
+                        hint="name a second GROUP BY column: SELECT g, h, count(*) AS n ... GROUP BY g, h "
+                             "TEST INDEPENDENCE OF g, h")
     name = cell_weight(a.name, b.name, [o.name for o in outputs if is_aggregate(o.expr)],
                        {o.name for o in outputs if is_probability(o.expr)})
     weight = next(o for o in outputs if o.name == name) if name is not None else None
     if weight is None and aggregate:
-        tested = next((o for o in (a, b) if is_aggregate(o.expr)), None)
-        if tested is not None:  # OF g, n with n the count(*) column: the cells' weight is not a variable
-            raise PlanError(f"TEST compares two category columns; {tested.name} is an aggregate, the weight of "
-                            f"the cells", test.columns[(a, b).index(tested)].span, source,
-                            hint="name a second GROUP BY column: SELECT g, h, count(*) AS n ... GROUP BY g, h "
-                                 "TEST INDEPENDENCE OF g, h")
         raise PlanError("TEST over grouped rows needs a count(*), sum(...) or probability() column to weigh "
                         "the cells", test.span, source)
     return TestPlan(a=a.name, b=b.name, weight=weight.name if weight else None,
