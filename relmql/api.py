@@ -20,7 +20,7 @@ from .output import render_table
 from .output.format import format_value
 from .plan import (OPTIONS, ModelRef, PlanError, QueryPlan, TestPlan, cell_weight, check_params, constant, defaults,
                    option, plan)
-from .plan.expr import is_aggregate, is_probability
+from .plan.expr import is_probability, weighs_cells
 from .plan.options import shown
 from .records import Cancelled, Stop, cancelling
 from .stats import Chi2Result, chi2_independence
@@ -59,10 +59,12 @@ class Result:
                  explain: Optional[Callable[[], str]] = None, message: Optional[str] = None,
                  kinds: Optional[Sequence[str]] = None, test: Optional[TestPlan] = None,
                  start: Optional[Callable[[], None]] = None, stop: Optional[Callable[[], None]] = None,
-                 streams: bool = False, probabilities: Sequence[str] = (), weights: Sequence[str] = ()):
+                 streams: bool = False, probabilities: Sequence[str] = (), weights: Sequence[str] = (),
+                 grouped: bool = False):
         self.columns = tuple(columns)
         self.probabilities = frozenset(probabilities)  # columns that read a probability (chi2's weights)
-        self.weights = tuple(weights)  # the aggregate columns of grouped rows (the cells' weight, as TEST takes it)
+        self.weights = tuple(weights)  # the columns that can weigh cells of grouped rows, as TEST takes them
+        self.grouped = grouped  # each row is a group (an aggregate query)
         self.streams = streams  # rows arrive one by one (a query without aggregates), not all at the end
         self.kind = kind  # rows, text (EXPLAIN) or status (SET)
         self.message = message
@@ -176,6 +178,8 @@ class Result:
 
     def fetchmany(self, n: int = 1) -> List[tuple]:
         """The next ``n`` rows not yet fetched (fewer at the end)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise Error(f"fetchmany(n) takes a whole number of rows, 0 or more, not {shown(n)}")
         out = []
         for _ in range(n):
             row = self.fetchone()
@@ -244,7 +248,7 @@ class Result:
         a weight that is a probability needs it, as probabilities carry no sample size. Grouped
         rows are weighed as TEST weighs them where ``weight`` is not given: by their
         probability() column, else their first other aggregate (count(*), sum(...))."""
-        if weight is None and self.weights:  # each row is a group, standing for many draws
+        if weight is None and self.grouped:  # each row is a group, standing for many draws
             weight = cell_weight(a, b, self.weights, self.probabilities)
             if weight is None:
                 raise Error(f"these rows are groups, and {a!r} and {b!r} leave no aggregate column to weigh them",
@@ -500,7 +504,7 @@ class Connection:
                       test=p.test, start=remote.start if remote is not None else None,
                       stop=remote.cancel if remote is not None else None, streams=not p.aggregate,
                       probabilities=[o.name for o in p.outputs if is_probability(o.expr)],
-                      weights=[o.name for o in p.outputs if is_aggregate(o.expr)])
+                      weights=[o.name for o in p.outputs if weighs_cells(o.expr)], grouped=p.aggregate)
 
     def _explain(self, p) -> str:
         from .explain import explain  # the engine, and torch, only when a plan is explained

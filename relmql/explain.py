@@ -15,18 +15,22 @@ from .engine import Models, compile_plan, load
 from .execute.measure import canonical_part, not_apart, token_sequences
 from .memory import format_size, shares
 from .models import LanguageModel
-from .plan import DatasetPlan, Plan, PlanError, QueryPlan, count_selected, plan_row, selected_rows
+from .plan import DatasetPlan, Plan, QueryPlan, count_selected, plan_row, selected_rows
 from .records import Measure, Sample
 from .syntax import quote, unparse
 
 
 def explain(plan: Plan, models: Models) -> str:
     """The plan as aligned ``key  value`` lines, with the sizes of its model (from ``models``) and
-    automaton; a dataset plan shows its first selected data row's query."""
+    automaton; a dataset plan shows its first selected data row's query (none: that none runs,
+    as running it says)."""
     if isinstance(plan, DatasetPlan):
         total = count_selected(plan)
         if not total:
-            raise PlanError(f"{plan.path}: no rows to run", plan.query.dataset.source.span, plan.source)
+            lines = [("dataset", f"{plan.path}: no data rows to run")]
+            if plan.row_where is not None:
+                lines.append(("rows", f"WHERE {unparse(plan.row_where)}"))
+            return _aligned(lines)
         first = plan_row(plan, next(selected_rows(plan)))
         model = load(first, models)
         return _lines(first, compile_plan(first, model), model, plan, total)
@@ -127,6 +131,17 @@ def _lines(plan: QueryPlan, automaton: TokenAutomaton, model: LanguageModel, dat
         add("LIMIT", f"{plan.limit:,} result rows")
     outputs = dataset.outputs if dataset is not None else plan.outputs
     add("columns", ", ".join(o.name for o in outputs))
+    test = dataset.test if dataset is not None else plan.test
+    if test is not None:
+        weight = f"each row adds its {test.weight} to its cell" if test.weight else "each row counts once"
+        scaled = (f", probabilities standing for {test.n_per_row:,} draws per value of {test.a}" if test.n_per_row
+                  else "")
+        add("TEST", f"χ² test of independence of {test.a} and {test.b} once the rows are in: {weight}{scaled}")
+    return _aligned(lines)
+
+
+def _aligned(lines: List[tuple]) -> str:
+    """``(key, value)`` lines as ``key  value``, the values aligned."""
     width = max(len(k) for k, _ in lines)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in lines)
 

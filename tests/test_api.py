@@ -58,6 +58,10 @@ def test_fetch_methods_agree(con):
     everything = con.sql(SMALL).fetchall()
     assert len(everything) == 12 and all(isinstance(r, tuple) and len(r) == 3 for r in everything)
     r = con.sql(SMALL)
+    for bad in ("2", -1, 1.5, True, None):  # (a str was a TypeError, -1 an empty list)
+        with pytest.raises(relmql.Error, match=r"fetchmany\(n\) takes a whole number of rows, 0 or more"):
+            r.fetchmany(bad)
+    assert r.fetchmany(0) == []
     one = r.fetchone()
     some = r.fetchmany(4)
     rest = r.fetchall()
@@ -153,6 +157,11 @@ def test_cancel_from_another_thread(con):
     assert time.monotonic() - start < 10
     assert isinstance(info.value, relmql.Error)
     assert "cancelled" in info.value.render()
+    # the rows computed before the cancel stay readable; a read past them raises again
+    computed = r.rows_so_far
+    assert [r.fetchone() for _ in computed] == computed
+    with pytest.raises(Cancelled):
+        r.fetchone()
     # the connection still works
     assert len(con.sql(SMALL + " LIMIT 1").fetchall()) == 1
 

@@ -792,6 +792,11 @@ def test_an_empty_data_file_says_so(capsys, tmp_path):
     code, out, err = run(capsys, "-c", f"SELECT count(*) AS c MATCHING 'a' FOR EACH ROW IN '{data}';")
     assert code == 0 and jsonl(out) == [{"c": 0}]
     assert err == f"note: no data rows to run in {data}\n"
+    # EXPLAIN says the same, where it was an error
+    code, out, err = run(capsys, "-c", f"EXPLAIN SELECT count(*) AS c MATCHING 'a' FOR EACH ROW IN '{data}' "
+                                       "WHERE :q <> 'x';")
+    assert code == 0 and err == ""
+    assert [r["plan"] for r in jsonl(out)] == [f"dataset  {data}: no data rows to run", "rows     WHERE :q <> 'x'"]
 
 
 def test_ray_flags_without_the_ray_engine_say_they_do_nothing_yet(capsys):

@@ -852,6 +852,15 @@ def test_chi2_on_grouped_counts_weighs_them_as_test_does(con):
     counted = con.sql(f"SELECT gender, count(*) AS n {GF} USING seed 1 SAMPLE 30 GROUP BY gender")
     with pytest.raises(Error, match="these rows are groups, and 'gender' and 'n' leave no aggregate column"):
         counted.chi2("gender", "n")
+    # a mean (or least, greatest) probability is no amount of its cell: count(*) weighs them still
+    # (avg(prob) was taken as the weight, each group's mean standing for 5,000 draws)
+    mean = con.sql(f"SELECT gender, field, avg(prob) AS m, count(*) AS n {GF} USING seed 1 SAMPLE 300 "
+                   "GROUP BY gender, field TEST INDEPENDENCE OF gender, field")
+    assert mean.test_plan.weight == "n" and mean.test_plan.n_per_row is None
+    assert mean.chi2("gender", "field") == mean.test == r.test
+    only_mean = con.sql(f"SELECT gender, field, avg(prob) AS m {GF} USING seed 1 SAMPLE 30 GROUP BY gender, field")
+    with pytest.raises(Error, match="these rows are groups, and 'gender' and 'field' leave no aggregate column"):
+        only_mean.chi2("gender", "field")
 
 
 def test_chi2_says_where_expected_counts_are_too_small_with_fishers_exact_test():

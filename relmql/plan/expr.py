@@ -233,6 +233,12 @@ def is_aggregate(node) -> bool:
     return any(isinstance(n, A.Call) and n.name in AGGREGATES for n in node.walk())
 
 
+def weighs_cells(node) -> bool:
+    """Whether an output column can weigh a test's cells: a group's count(*), sum(...) or
+    probability() (a mean, least or greatest value is no amount of the cell)."""
+    return isinstance(node, A.Call) and node.name in ("count", "sum", "probability")
+
+
 def is_probability(node) -> bool:
     """Whether ``node`` reads a probability (probability(), prob, total_prob): as a test's weight
     it carries no sample size of its own."""

@@ -16,7 +16,8 @@ from ..records import (COLUMNS, COMPUTED_COLUMNS, SAMPLE_BATCH_SIZE, CompileOpti
 from ..syntax import ast as A
 from ..syntax import string_literal_at, unparse
 from ..syntax.regexes import compiled
-from .expr import AGGREGATES, Env, check_calls, escape, evaluate, is_aggregate, is_probability, kind, truth
+from .expr import (AGGREGATES, Env, check_calls, escape, evaluate, is_aggregate, is_probability, kind, truth,
+                   weighs_cells)
 from .options import OPTIONS, PlanError, option, shown, whole_number
 
 ORDER_COLUMNS = {"prob": "prob", "total_prob": "total_prob", "logprob": "prob", "total_logprob": "total_prob"}
@@ -454,7 +455,7 @@ def _test(test: Optional[A.Test], outputs, aggregate: bool, source: str, draws: 
                         f"cells, it is not a category", test.columns[(a, b).index(tested)].span, source,
                         hint="name a second GROUP BY column: SELECT g, h, count(*) AS n ... GROUP BY g, h "
                              "TEST INDEPENDENCE OF g, h")
-    name = cell_weight(a.name, b.name, [o.name for o in outputs if is_aggregate(o.expr)],
+    name = cell_weight(a.name, b.name, [o.name for o in outputs if weighs_cells(o.expr)],
                        {o.name for o in outputs if is_probability(o.expr)})
     weight = next(o for o in outputs if o.name == name) if name is not None else None
     if weight is None and aggregate:
@@ -466,8 +467,9 @@ def _test(test: Optional[A.Test], outputs, aggregate: bool, source: str, draws: 
 
 def cell_weight(a: str, b: str, aggregates: Sequence[str], probabilities: Collection[str]) -> Optional[str]:
     """The column that weighs a test's cells over grouped rows, as TEST and ``Result.chi2`` take
-    it: the first probability column among the aggregate columns other than ``a`` and ``b``,
-    else the first of them (None where there is none)."""
+    it: the first probability column among ``aggregates`` (the columns that can weigh cells,
+    ``expr.weighs_cells``) other than ``a`` and ``b``, else the first of them (None where there
+    is none)."""
     others = [w for w in aggregates if w not in (a, b)]
     return next((w for w in others if w in probabilities), others[0] if others else None)
 
