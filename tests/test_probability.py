@@ -858,6 +858,9 @@ def test_chi2_on_grouped_counts_weighs_them_as_test_does(con):
                    "GROUP BY gender, field TEST INDEPENDENCE OF gender, field")
     assert mean.test_plan.weight == "n" and mean.test_plan.n_per_row is None
     assert mean.chi2("gender", "field") == mean.test == r.test
+    scaled = con.sql(f"SELECT gender, field, avg(prob) AS m, 100 * count(*) AS n {GF} USING seed 1 SAMPLE 300 "
+                     "GROUP BY gender, field TEST INDEPENDENCE OF gender, field")
+    assert scaled.test_plan.weight == "n" and scaled.test.statistic == pytest.approx(100 * r.test.statistic)
     only_mean = con.sql(f"SELECT gender, field, avg(prob) AS m {GF} USING seed 1 SAMPLE 30 GROUP BY gender, field")
     with pytest.raises(Error, match="these rows are groups, and 'gender' and 'field' leave no aggregate column"):
         only_mean.chi2("gender", "field")

@@ -234,9 +234,11 @@ def is_aggregate(node) -> bool:
 
 
 def weighs_cells(node) -> bool:
-    """Whether an output column can weigh a test's cells: a group's count(*), sum(...) or
-    probability() (a mean, least or greatest value is no amount of the cell)."""
-    return isinstance(node, A.Call) and node.name in ("count", "sum", "probability")
+    """Whether an output column can weigh a test's cells: an aggregate of a group's count(*),
+    sum(...) or probability() (``100 * sum(prob)`` too), with no mean, least or greatest value in
+    it (those are no amount of the cell)."""
+    return is_aggregate(node) and not any(isinstance(n, A.Call) and n.name in ("avg", "min", "max")
+                                          for n in node.walk())
 
 
 def is_probability(node) -> bool:
