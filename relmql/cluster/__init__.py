@@ -65,14 +65,14 @@ class Cluster:
         n = workers or (gpus if use_gpu else max(1, int(cpus)))
         if use_gpu:
             if n > gpus:
-                self._refuse(Error(f"workers = {n} on GPUs needs {n} GPUs; the Ray cluster has {gpus}",
-                                   hint="one worker per GPU: leave workers unset, or set device = 'cpu'"))
+                raise self._refused(Error(f"workers = {n} on GPUs needs {n} GPUs; the Ray cluster has {gpus}",
+                                          hint="one worker per GPU: leave workers unset, or set device = 'cpu'"))
             opts, threads = {"num_gpus": 1, "num_cpus": 1}, threads or 1
         else:
             if n > max(int(cpus), 1):  # each worker a model of its own, sharing CPUs with the others
-                self._refuse(Error(f"workers = {n:,} on CPUs: the Ray cluster has {int(cpus)} CPUs, and each "
-                                   f"worker loads a copy of the model",
-                                   hint="at most one worker per CPU: leave workers unset (one per CPU)"))
+                raise self._refused(Error(f"workers = {n:,} on CPUs: the Ray cluster has {int(cpus)} CPUs, and "
+                                          f"each worker loads a copy of the model",
+                                          hint="at most one worker per CPU: leave workers unset (one per CPU)"))
             nodes = [n_["Resources"].get("CPU", 0) for n_ in ray.nodes() if n_.get("Alive")]
             share = cpu_share(nodes or [cpus], n)
             opts = {"num_cpus": share}
@@ -85,11 +85,11 @@ class Cluster:
         preload = _portable(preload) if preload is not None else None
         self.pool = Pool(ray, lambda i: actor.options(**opts).remote(threads, preload), n)
 
-    def _refuse(self, error: Error) -> None:
-        """Raise ``error``, shutting down the Ray instance this cluster started."""
+    def _refused(self, error: Error) -> Error:
+        """``error``, to raise, once the Ray instance this cluster started is shut down."""
         if self.owns_ray:
             self.ray.shutdown()
-        raise error
+        return error
 
     def statement(self, plan) -> "Statement":
         """The work of one planned statement (not started yet)."""
