@@ -473,9 +473,14 @@ class Connection:
             from .engine import keeping, load, run, say
             from .models.device import approximate
             self._check_open()
+            bar = _Progress(self.progress)
             if isinstance(p, QueryPlan) and remote is None:
-                check_params(p)  # before the model loads
-                model = load(p, self.model)  # before the clock starts: row times are the query's own
+                try:  # before the clock starts: row times are the query's own
+                    check_params(p)  # before the model loads
+                    model = load(p, self.model, result.cancelled, bar.note)
+                except BaseException:
+                    bar.close()
+                    raise
                 result.approximate = model.approximate
                 result._t0 = time.perf_counter()
             else:
@@ -483,7 +488,6 @@ class Connection:
                 ref = p.model if isinstance(p, QueryPlan) else ModelRef(name=s["model"], device=s["device"],
                                                                         dtype=s["dtype"])
                 result.approximate = approximate(ref.dtype, ref.device)
-            bar = _Progress(self.progress)
             steps = run(p, self.model, result.cancelled, bar.update, bar.total,
                         rows=remote.rows if remote is not None else None, stops=result.stops, on_note=bar.note)
             own = keeping(result.notes, _Progress)  # each step keeps its notes in this result's list

@@ -7,6 +7,7 @@ over all of them.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import functools
@@ -15,7 +16,7 @@ import sys
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from .automata import check_patterns, compile, memory_bound
+from .automata import byte_language, check_patterns, compile, memory_bound
 from .automata.language import levenshtein, nearest, unedited, viable_length
 from .errors import Error
 from .execute import Mass, Row, SampleStats, SearchStats, execute, measure
@@ -216,7 +217,7 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
     is found, is told while the automaton compiles, and after each model call how far a search has
     gone (``nodes_note``) or how many draws a sampler has made (``draws_note``)."""
     check_params(plan)
-    model = load(plan, models)
+    model = load(plan, models, cancel, on_note)
     automaton = compile_plan(plan, model, cancel, on_note)
     regex = match_regex(plan)
     if plan.limit == 0:
@@ -411,13 +412,18 @@ def stopped_rows_warning(stopped: List[Stop], rows: int) -> str:
             f"rows are exact but may be incomplete")
 
 
-def load(plan: QueryPlan, models: Models) -> LanguageModel:
-    """The plan's model, once its regexes parse (their syntax errors come before a model loads,
-    which takes seconds); a model that cannot be loaded is an error under FROM's text."""
+def load(plan: QueryPlan, models: Models, cancel: Optional[threading.Event] = None,
+         on_note: Optional[Callable[[str], None]] = None) -> LanguageModel:
+    """The plan's model, once its regexes parse and its byte automaton is built (their errors,
+    a pattern over the size limit among them, come before a model loads, which takes seconds);
+    a model that cannot be loaded is an error under FROM's text. ``cancel`` and ``on_note`` as
+    for ``compile_plan``."""
     try:
         check_patterns(plan.matching, plan.prefix, plan.compile.exclude, plan.compile.max_states)
     except Error as e:
         raise (plan.source_error(e) if e.role else e) from None
+    with _compiling(plan, cancel, on_note):
+        byte_language(plan.matching, plan.prefix, plan.compile)
     try:
         return models(plan.model)
     except Error as e:
@@ -431,10 +437,21 @@ def compile_plan(plan: QueryPlan, model: LanguageModel, cancel: Optional[threadi
     """The token automaton of ``plan`` on ``model``'s vocabulary, errors placed in the query text;
     ``cancel`` stops the compile at its next checkpoint (a large determinization at once), where
     ``on_note`` is told that it is compiling (a progress display's note; cleared once it is done)."""
+    with _compiling(plan, cancel, on_note):
+        automaton = compile(plan.matching, model.vocabulary, plan.prefix, plan.compile)
+    for w in automaton.warnings:
+        say(f"warning: {w}")
+    return automaton
+
+
+@contextlib.contextmanager
+def _compiling(plan: QueryPlan, cancel: Optional[threading.Event], on_note: Optional[Callable[[str], None]]):
+    """A compile of ``plan``'s automata: cancellable, within its max_memory, said to ``on_note``,
+    its errors placed in the query text."""
     tick = None if on_note is None else lambda: on_note("compiling the automaton")
     try:
         with cancelling(cancel, tick), memory_bound(getattr(plan.traversal, "max_memory", None)):
-            automaton = compile(plan.matching, model.vocabulary, plan.prefix, plan.compile)
+            yield
     except Error as e:
         if e.role:  # MATCHING, PREFIX, a WHERE filter, or the filters together
             raise plan.source_error(e) from None
@@ -442,9 +459,6 @@ def compile_plan(plan: QueryPlan, model: LanguageModel, cancel: Optional[threadi
     finally:
         if on_note is not None:
             on_note("")
-    for w in automaton.warnings:
-        say(f"warning: {w}")
-    return automaton
 
 
 def _eval(node, env, source, condition: bool = False):

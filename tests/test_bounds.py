@@ -6,6 +6,7 @@ resident memory with a plain query's."""
 from __future__ import annotations
 
 import json
+import random
 import re
 import subprocess
 import sys
@@ -42,9 +43,10 @@ sys.exit(code)
 
 def run_limited(statement: str, limit: int = 0, model: str = "tiny-gpt2", timeout: float = 300):
     """(exit status, rows, stderr without the peak line, peak RSS, peak virtual size) of
-    ``relmql -c statement``."""
+    ``relmql -c statement`` (or of ``relmql statement``, the path of a script)."""
+    where = [statement] if statement.endswith(".rql") else ["-c", statement]
     out = subprocess.run([sys.executable, "-c", LIMITED, str(limit), "--model", model, "--no-progress",
-                          "--format", "jsonl", "-c", statement], capture_output=True, text=True, timeout=timeout)
+                          "--format", "jsonl", *where], capture_output=True, text=True, timeout=timeout)
     lines = out.stderr.splitlines()
     peak = [line for line in lines if line.startswith("peak-rss ")]
     assert peak, out.stderr
@@ -83,6 +85,75 @@ def test_an_unescaped_pattern_without_a_prefix_ends_with_a_message(baseline):
     assert code == 0 and "Traceback" not in err, err
     assert rows == [] and "stopped after expanding 10,000 nodes without finding another row (max_nodes_per_row) with 0 rows; more may exist" in err, err
     assert rss - rss0 < DEFAULT_MAX_MEMORY, (rss, rss0)
+
+
+def test_the_unescaped_pattern_on_the_default_model_ends_with_a_message():
+    """The same query on SmolLM2, the default model: it ends at max_nodes_per_row (about 36 s
+    alone on two cores; no answer in 300 s beside other work before a small call ran on one
+    thread), within max_memory of the plain query's memory."""
+    code, rows, err, rss0, vm0 = run_limited("SELECT text MATCHING 'The (cat|dog)' PREFIX 'The';", model="smollm2-135m")
+    assert code == 0 and len(rows) == 2, err
+    code, rows, err, rss, vm = run_limited("""SELECT text MATCHING '__import__("os").system("echo PWNED")' LIMIT 1;""",
+                                           limit=vm0 + DEFAULT_MAX_MEMORY + 2 ** 30, model="smollm2-135m")
+    assert code == 0 and "Traceback" not in err, err
+    assert rows == [] and "stopped after expanding 10,000 nodes without finding another row (max_nodes_per_row)" \
+        in err, err
+    assert rss - rss0 < DEFAULT_MAX_MEMORY, (rss, rss0)
+
+
+# patterns of a random fuzz whose compile ran out of memory after 22 s, or built 57,048 states in
+# 109 s before its expansion to bytes did: each atom state's \w became 310 byte states
+COSTLY = [r"(?s)(?:(?:\w??(a)?(?(1)b|[^ab\n])(?:.{,2}+){3})+){1,3}",
+          r"(?ms)(?:(?:(?:(?>\w))??((?P<g2>[]a]))?(?(1)[^\W\d]|[^ab\n])(?:.{,2}+){3})+){1,3}"]
+
+
+@pytest.mark.parametrize("pattern", COSTLY)
+def test_a_costly_backtracking_pattern_is_refused_within_the_budget(baseline, pattern):
+    rss0, vm0 = baseline
+    code, rows, err, rss, vm = run_limited(f"EXPLAIN SELECT text MATCHING '{pattern}' LIMIT 1;", limit=vm0 + 2 ** 30)
+    assert code == 1 and "Traceback" not in err, err
+    lines = err.splitlines()
+    assert lines[0] in ("compile error: the automaton has more than 100,000 states",
+                        "compile error: the automaton is too costly to build within the limit of 100,000 states "
+                        "(the work allowed grows with the limit)"), err
+    start = lines[1].index("'") + 1
+    carets = lines[2][start:]
+    assert lines[2].index("^") == start and carets == "^" * len(carets) and len(carets) >= min(len(pattern), 60)
+    assert "raise the limit (max_states)" in lines[3]
+    assert rss - rss0 < 256 * 2 ** 20, (rss, rss0)
+
+
+def test_a_pattern_over_the_limit_is_refused_before_the_model_loads():
+    """The byte automaton needs no vocabulary: its errors come before a model loads (seconds, and
+    half a minute the first time), as the regex's syntax errors do."""
+    con = relmql.connect(model="tiny-gpt2")
+    with pytest.raises(relmql.Error, match="too costly to build within the limit of 1,000 states") as info:
+        con.sql(f"EXPLAIN SELECT text MATCHING '{COSTLY[0]}' USING max_states 1000").fetchall()
+    assert info.value.span is not None
+    with pytest.raises(relmql.Error, match="more than 1,000 states"):
+        con.sql("SELECT text MATCHING '(a|b)*a(a|b){12}' USING max_states 1000").fetchall()
+    assert con.models.names() == []
+
+
+def test_a_10_mb_alternation_is_refused_at_once_in_a_small_multiple_of_its_size(tmp_path):
+    """A million words in one MATCHING (a 10 MB script): refused from the size of its source before
+    the model loads. Its string literal was read by a lexer regex that took 620 bytes a character,
+    and re compiled the whole pattern for its group names: 56 s and 6.45 GB."""
+    rng = random.Random(0)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = sorted({"".join(rng.choice(letters) for _ in range(rng.randint(4, 14))) for _ in range(1_000_000)})
+    script = tmp_path / "words.rql"
+    script.write_text(f"SELECT text, prob MATCHING 'The ({'|'.join(words)})' PREFIX 'The' LIMIT 3;\n")
+    size = script.stat().st_size
+    code, _, err, rss0, vm0 = run_limited("SELECT text MATCHING 'The (ab' PREFIX 'The';")  # refused alike
+    assert code == 1 and "missing )" in err, err
+    code, rows, err, rss, vm = run_limited(str(script), limit=vm0 + 2 ** 30)
+    assert code == 1 and "Traceback" not in err, err
+    lines = err.splitlines()
+    assert re.fullmatch(r".*words\.rql:1: compile error: this pattern needs an automaton of at least [\d,]+ states, "
+                        r"more than the limit of 100,000", lines[0]), lines[0]
+    assert lines[2].strip().startswith("^^^") and lines[3].startswith("hint: use fewer or shorter alternatives")
+    assert rss - rss0 < 20 * size, (rss, rss0, size)
 
 
 def test_max_memory_stops_the_search_and_keeps_its_rows_exact(baseline):

@@ -56,6 +56,15 @@ def test_prefix_shadowing_exhaustive(pattern):
     check(pattern, list(strings("ab02", 5)))
 
 
+@pytest.mark.parametrize("pattern", ["(?:a*b)?", "(?:a*bb){,2}", "(?:a*b){0,3}", "(a*b){1,2}", "(?:(?:ab)*c){,2}",
+                                     r"(?:(?P<g>a*\W{2}?)){,2}"])
+def test_an_optional_item_that_loops_back_to_its_start(pattern):
+    """Copies of an item laid out one after another (its strings none a prefix of another): where
+    its start is on a loop (a*b), the start of the first copy is not where a run may end. The
+    fuzz found (a*b)? taking "a"."""
+    check(pattern, list(strings("ab!", 6)))
+
+
 @pytest.mark.parametrize("pattern", [
     r"\d", r"\w", r"\s", r"\D", r"\W", r"\S", ".", "(?s).", "[^a]", "[^\\w\\d]", r"(?a)\w", r"(?a)[^\s]",
     "[é-ü]", "[\\u0100-\\U00010400]", r"\N{EM DASH}", "(?i)[k]", "(?i)s", "(?i)[^a-z]", "(?i)é",
@@ -205,10 +214,29 @@ def test_random_backtracking_patterns_match_re(pattern, flags):
     assert not bad, f"{pattern!r}: disagrees with re.fullmatch on {bad[:5]!r}"
 
 
+@pytest.mark.parametrize("pattern, twin", [
+    (r"(?>\w+)", r"\w+"), (r"(?>[^\W\d]|\d|_)+", r"\w+"), (r"(?s)(?>.)*é", r"(?s).*é"),
+    (r"(?>[\ud7ff\ue000\U00010000-\U0010ffff])+", r"[\ud7ff\ue000\U00010000-\U0010ffff]+"),
+    (r"(?>\W)?(?:a|\s)", r"\W?(?:a|\s)"), (r"(?i)(?>ß|é)+\w", r"(?i)(?:ß|é)+\w"),
+])
+def test_a_backtracking_patterns_byte_automaton_is_minimal(pattern, twin):
+    """A DFA over classes of code points spelled out over UTF-8 bytes (utf8dfa.py): the same
+    strings and the same minimal size as the plain pattern with the same language."""
+    got, want = language(pattern), language(twin)
+    assert got.dfa.num_states == want.dfa.num_states
+    texts = ["", "a", "é", "ß", "Ω", "_", "0", " ", "\n", "\ud7ff", "\ue000", "\U00010000", "\U0010ffff", "aé",
+             "ßé", "é" * 3, "a\U0010ffffb", "!a", "!\t"]
+    assert list(accepts_all(got.dfa, texts)) == [fullmatch(pattern, t) for t in texts]
+
+
 def test_backtracking_automata_are_bounded():
-    with pytest.raises(CompileError, match="more than 10,000 states") as info:
+    # 32,769 states, whose subset construction does more work than 10,000 states may
+    with pytest.raises(CompileError, match="too costly to build within the limit of 10,000 states") as info:
         language("(?>(?:a|b)*a(?:a|b){14})c", max_states=10_000)
-    assert "atomic groups" in info.value.hint
+    assert "atomic groups" in info.value.hint and info.value.span == (0, 25)
+    with pytest.raises(CompileError, match="more than 1,000 states"):  # few sets, each cheap
+        language("(?>[ab]{1500})", max_states=1_000)
+    assert language("(?>(?:a|b)*a(?:a|b){14})c").dfa.num_states == 32_770  # within the default limit
 
 
 def test_anchors_at_the_edges_are_allowed():

@@ -54,11 +54,21 @@ def check_options(matching, prefix, options: CompileOptions) -> CompileOptions:
     return dataclasses.replace(options, exclude=exclude)
 
 
+def byte_language(matching: str, prefix: Optional[str] = None, options: CompileOptions = CompileOptions()) -> Language:
+    """The byte automaton ``compile`` builds first (cached): it needs no vocabulary, so that its
+    errors, a pattern over the size limit among them, can come before a model loads."""
+    return compile_language(_spec(matching, prefix or None, check_options(matching, prefix, options)))
+
+
+def _spec(matching: str, prefix: Optional[str], options: CompileOptions) -> LanguageSpec:
+    return LanguageSpec(matching, prefix, options.edits, options.edit_scope, options.edit_alphabet,
+                        tuple(options.exclude), options.max_states)
+
+
 @functools.lru_cache(maxsize=8)
 def _compile(matching: str, vocabulary: Vocabulary, prefix: Optional[str], options: CompileOptions) -> TokenAutomaton:
-    spec = LanguageSpec(matching, prefix, options.edits, options.edit_scope, options.edit_alphabet,
-                        tuple(options.exclude), options.max_states)
-    automaton = TokenAutomaton(compile_language(spec), vocabulary, options.tokenization, options.prefix_tokenization)
+    language = compile_language(_spec(matching, prefix, options))
+    automaton = TokenAutomaton(language, vocabulary, options.tokenization, options.prefix_tokenization)
     if prefix is not None and prefix.endswith(" ") and len(matching) > len(prefix) and _spaced_words(vocabulary):
         automaton.warnings.append(
             "PREFIX ends with a space, which this model's tokens carry before a word (' July', not 'July'): "
@@ -74,5 +84,5 @@ def _spaced_words(vocabulary: Vocabulary) -> bool:
     return any(t is not None and len(t) > 3 and t[0] == 0x20 and t[1:].isalpha() for t in vocabulary.tokens[:2000])
 
 
-__all__ = ["compile", "CompileOptions", "TokenAutomaton", "Arcs", "Language", "LanguageSpec", "ByteDFA",
+__all__ = ["compile", "byte_language", "CompileOptions", "TokenAutomaton", "Arcs", "Language", "LanguageSpec", "ByteDFA",
            "check_patterns", "compile_language", "memory_bound"]

@@ -32,10 +32,12 @@ import pynini
 
 from ..errors import CompileError
 from . import regex as rx
-from .charset import NEWLINE, CodepointSet
-from .primitives import empty_fst, fst_arrays, fst_from_arrays, optimize, ranges_fst
+from .charset import NEWLINE, CodepointSet, partition
+from .primitives import empty_fst
+from .utf8dfa import atoms_to_bytes
 
-CONFIG_BUDGET = 20  # configurations and sets interned per allowed state
+WORK_BUDGET = 100  # work units of the subset construction per allowed state (about 2.5 million a second)
+INTERN_WORK = 30  # the work of interning a new configuration or set, in units of one configuration visited
 NODE_BUDGET = 2  # NFA nodes per allowed state
 
 # NFA node kinds
@@ -54,8 +56,9 @@ MAIN = -1  # the goal of the path itself (obligations aim at the end node of an 
 
 
 class _TooLarge(Exception):
-    def __init__(self, node: Optional[rx.Node]):
+    def __init__(self, node: Optional[rx.Node], costly: bool = False):
         self.node = node
+        self.costly = costly  # the construction's work ran out, not its states
 
 
 # ---------------------------------------------------------------- the ordered NFA
@@ -212,36 +215,6 @@ def _nullable(node: rx.Node) -> bool:
     return True  # Anchor
 
 
-# ---------------------------------------------------------------- character classes
-
-
-def partition(classes: List[CodepointSet]) -> Tuple[List[CodepointSet], List[FrozenSet[int]]]:
-    """The coarsest split of the code points of ``classes`` into disjoint atoms, and the atoms
-    of each class."""
-    events = defaultdict(list)
-    for k, chars in enumerate(classes):
-        for lo, hi in chars.ranges:
-            events[lo].append(k)
-            events[hi + 1].append(~k)
-    active: set = set()
-    pieces: Dict[FrozenSet[int], list] = {}
-    points = sorted(events)
-    for p, q in zip(points, points[1:] + [None]):
-        for k in events[p]:
-            if k >= 0:
-                active.add(k)
-            else:
-                active.discard(~k)
-        if active and q is not None:
-            pieces.setdefault(frozenset(active), []).append((p, q - 1))
-    atoms = [CodepointSet(r) for r in pieces.values()]
-    members: List[set] = [set() for _ in classes]
-    for a, key in enumerate(pieces):
-        for k in key:
-            members[k].add(a)
-    return atoms, [frozenset(m) for m in members]
-
-
 # ---------------------------------------------------------------- the subset construction
 
 
@@ -256,6 +229,7 @@ class _Subsets:
         self.nfa = nfa
         self.atom_of_class = atom_of_class
         self.newline_atom = newline_atom
+        self.work = 0  # configurations visited, stepped, compared or interned: the construction's time and memory
         self.budget = budget
         self.configs: List[tuple] = []
         self.config_id: Dict[tuple, int] = {}
@@ -278,12 +252,13 @@ class _Subsets:
         if n is None:
             n = ids[key] = len(items)
             items.append(key)
-            self._spend()
+            self._spend(INTERN_WORK + (len(key) if isinstance(key, frozenset) else 0))
         return n
 
-    def _spend(self):
-        if len(self.configs) + len(self.sets) > self.budget:
-            raise _TooLarge(None)
+    def _spend(self, work: int):
+        self.work += work
+        if self.work > self.budget:
+            raise _TooLarge(None, costly=True)
 
     def _prune(self, members) -> FrozenSet[int]:
         """Without the configurations that another one of the set makes redundant: the same
@@ -308,6 +283,7 @@ class _Subsets:
                 if not any(self.sets[self.configs[k][4]] <= obl for k in kept):
                     kept.append(c)
             keep.extend(kept)
+            self._spend(len(g) * len(kept))
         return frozenset(keep)
 
     # -- epsilon closure
@@ -388,6 +364,7 @@ class _Subsets:
                     out.append(self.config((n, 0, cons, goal, obl)))
             else:  # MATCH: only the path itself gets here (obligations stop at their goal)
                 out.append(self.config((n, 0, FREE, goal, obl)))
+        self._spend(len(seen))
         if result is None:
             result = (self.intern(out), False)
         self.closures[key] = result
@@ -435,6 +412,7 @@ class _Subsets:
                 result = (0, True)
                 break
             out |= self.sets[t]
+        self._spend(len(self.sets[s]))
         if result is None:
             result = (self.intern(out), False)
         self.steps[key] = result
@@ -482,7 +460,7 @@ def backtrack_fst(pattern: rx.Pattern, max_states: int) -> pynini.Fst:
                            hint="lower the repetition counts, or raise the limit (max_states)") from None
     atoms, atom_of_class = partition(nfa.classes + [NEWLINE])
     newline_atom = next(iter(atom_of_class[-1]))
-    sub = _Subsets(nfa, atom_of_class[:-1], newline_atom, CONFIG_BUDGET * max_states)
+    sub = _Subsets(nfa, atom_of_class[:-1], newline_atom, WORK_BUDGET * max_states)
     try:
         first, _ = sub.closure(start, 0, 0, FREE, MAIN, 0, AT_START)
         states = {first: 0}
@@ -503,44 +481,14 @@ def backtrack_fst(pattern: rx.Pattern, max_states: int) -> pynini.Fst:
                 src.append(states[s])
                 lbl.append(a)
                 dst.append(states[t])
-    except _TooLarge:
-        raise CompileError(f"the automaton has more than {max_states:,} states", (0, len(source)), source,
+    except _TooLarge as e:
+        what = (f"is too costly to build within the limit of {max_states:,} states (the work allowed grows "
+                f"with the limit)") if e.costly else f"has more than {max_states:,} states"
+        raise CompileError(f"the automaton {what}", (0, len(source)), source,
                            hint="atomic groups, possessive repetitions and conditionals can multiply states; "
                                 "simplify the pattern, or raise the limit (max_states)") from None
     final = np.array([sub.accepts(s) for s in order], bool)
     if not final.any():
         return empty_fst()
-    return _to_bytes(len(order), final, np.array(src, np.int64), np.array(lbl, np.int64),
-                     np.array(dst, np.int64), atoms, max_states, source)
-
-
-def _to_bytes(nstates: int, final: np.ndarray, src: np.ndarray, atom: np.ndarray, dst: np.ndarray,
-              atoms: List[CodepointSet], max_states: int, source: str) -> pynini.Fst:
-    """A DFA over atoms (state 0 starts) → the optimized acceptor over UTF-8 bytes: minimized
-    over atoms first, then each arc becomes the byte automaton of the code points it reads."""
-    dfa = fst_from_arrays(nstates, 0, final, src, atom + 1, dst).minimize()
-    start, weights, src, ilabel, _, dst = fst_arrays(dfa)
-    final = weights != np.inf
-    n = len(final)
-    chars: Dict[Tuple[int, int], CodepointSet] = {}
-    for s, a, t in zip(src.tolist(), ilabel.tolist(), dst.tolist()):
-        prev = chars.get((s, t))
-        chars[(s, t)] = atoms[a - 1] if prev is None else prev.union(atoms[a - 1])
-    out_src, out_lbl, out_dst = [], [], []
-    for (s, t), cps in chars.items():
-        cstart, cfinal, csrc, clbl, _, cdst = fst_arrays(ranges_fst(cps.ranges))
-        where = np.full(len(cfinal), -1, np.int64)
-        where[cfinal != np.inf] = t
-        where[cstart] = s
-        inner = np.flatnonzero(where < 0)
-        where[inner] = n + np.arange(len(inner))
-        n += len(inner)
-        out_src.append(where[csrc])
-        out_lbl.append(clbl)
-        out_dst.append(where[cdst])
-    byte_final = np.zeros(n, bool)
-    byte_final[:len(final)] = final
-    cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
-    fst = fst_from_arrays(n, start, byte_final, cat(out_src), cat(out_lbl), cat(out_dst))
-    return optimize(fst, max_states, (0, len(source)), source)
-
+    return atoms_to_bytes(len(order), final, np.array(src, np.int64), np.array(lbl, np.int64),
+                          np.array(dst, np.int64), atoms, max_states, source)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Iterable, Iterator, List, Tuple
+from collections import defaultdict
+from typing import Dict, FrozenSet, Iterable, Iterator, List, Tuple
 
 MAX_CP = sys.maxunicode  # 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
@@ -175,3 +176,30 @@ def utf8_sequences(lo: int, hi: int) -> Iterator[List[Range]]:
         if split:
             continue
         yield list(zip(_encode(lo), _encode(hi)))
+
+
+def partition(classes: List[CodepointSet]) -> Tuple[List[CodepointSet], List[FrozenSet[int]]]:
+    """The coarsest split of the code points of ``classes`` into disjoint atoms, and the atoms
+    of each class."""
+    events = defaultdict(list)
+    for k, chars in enumerate(classes):
+        for lo, hi in chars.ranges:
+            events[lo].append(k)
+            events[hi + 1].append(~k)
+    active: set = set()
+    pieces: Dict[FrozenSet[int], list] = {}
+    points = sorted(events)
+    for p, q in zip(points, points[1:] + [None]):
+        for k in events[p]:
+            if k >= 0:
+                active.add(k)
+            else:
+                active.discard(~k)
+        if active and q is not None:
+            pieces.setdefault(frozenset(active), []).append((p, q - 1))
+    atoms = [CodepointSet(r) for r in pieces.values()]
+    members: List[set] = [set() for _ in classes]
+    for a, key in enumerate(pieces):
+        for k in key:
+            members[k].add(a)
+    return atoms, [frozenset(m) for m in members]

@@ -378,6 +378,12 @@ def _copies(item: pynini.Fst, lo: int, hi: int, max_states: int, span, source: s
     ends = final != np.inf
     if start < 0 or not ends.any():  # no string: only the empty run
         return epsilon_fst() if lo == 0 else empty_fst()
+    if (dst == start).any():  # a copy's start is final where a run may end: one that a loop comes back to
+        out = np.flatnonzero(src == start)  # is started afresh ((a*b)? must not take "a")
+        start = len(final)
+        final, ends = np.append(final, np.inf), np.append(ends, False)
+        src, ilabel, dst = (np.concatenate([src, np.full(len(out), start)]), np.concatenate([ilabel, ilabel[out]]),
+                            np.concatenate([dst, dst[out]]))
     inner = np.flatnonzero(~ends)
     inner = np.concatenate([[start], inner[inner != start]])  # the start first: copy j begins at j * m
     m = len(inner)

@@ -20,7 +20,7 @@ from .. import stats
 from ..errors import RegexError
 from ..records import COLUMN_KINDS, COMPUTED_COLUMNS
 from ..syntax import ast as A
-from ..syntax.parser import string_offsets
+from ..syntax.source import string_offsets
 from ..syntax.regexes import compiled
 from ..syntax.unparse import quote
 from .options import PlanError, shown, whole_number

@@ -81,11 +81,11 @@ class QueryPlan:
     matching_span: Tuple[int, int] = (0, 0)
     prefix_span: Optional[Tuple[int, int]] = None
     model_span: Optional[Tuple[int, int]] = None
-    matching_offsets: Optional[Tuple[int, ...]] = field(default=None, repr=False)
-    prefix_offsets: Optional[Tuple[int, ...]] = field(default=None, repr=False)
+    matching_offsets: Optional[Sequence[int]] = field(default=None, repr=False)
+    prefix_offsets: Optional[Sequence[int]] = field(default=None, repr=False)
     test: Optional[TestPlan] = None
     exclude_spans: Tuple[Tuple[int, int], ...] = ()
-    exclude_offsets: Tuple[Optional[Tuple[int, ...]], ...] = field(default=(), repr=False)
+    exclude_offsets: Tuple[Optional[Sequence[int]], ...] = field(default=(), repr=False)
     option_spans: Tuple[Tuple[str, Tuple[int, int]], ...] = field(default=(), repr=False)  # USING name value
 
     @property
@@ -326,8 +326,8 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
                      group_names=groups, matching_span=query.matching.span,
                      prefix_span=query.prefix.span if query.prefix is not None else None,
                      model_span=query.model.span if query.model is not None else None,
-                     matching_offsets=tuple(m_off) if m_off else None,
-                     prefix_offsets=tuple(p_off) if p_off else None,
+                     matching_offsets=m_off,
+                     prefix_offsets=p_off,
                      test=_test(query.test, outputs, aggregate, source, opts["test_draws"]),
                      exclude_spans=tuple(x.span for x in exclude),
                      exclude_offsets=tuple(x.offsets for x in exclude),
@@ -355,7 +355,15 @@ def _options(query: A.Query, source: str, settings, params) -> Dict[str, Any]:
     return opts
 
 
+_NAMED_GROUP = re.compile(r"\(\?P<([^\W\d]\w*)>")
+READ_WHOLE = 100_000  # re compiles about 250,000 characters of a pattern a second
+
+
 def _group_names(matching: str) -> Tuple[str, ...]:
+    if "(?P<" not in matching:
+        return ()  # Python's only syntax for a named group
+    if len(matching) > READ_WHOLE:  # the names as written: the compiler reads the pattern, and refuses it if too large
+        return tuple(dict.fromkeys(_NAMED_GROUP.findall(matching)))
     try:
         return tuple(compiled(matching).groupindex)
     except (re.error, RecursionError, OverflowError, ValueError):
@@ -491,7 +499,7 @@ class _Exclusion:
 
     regex: str
     span: Tuple[int, int]
-    offsets: Optional[Tuple[int, ...]]
+    offsets: Optional[Sequence[int]]
 
 
 def _where(query: A.Query, source: str, params, groups, opts) -> Tuple[Optional[A.Node], List[_Exclusion]]:
@@ -536,7 +544,7 @@ def _exclusion(node: A.Node, params, source) -> Optional[_Exclusion]:
             return None
         offsets = string_literal_at(source, node.pattern.span) if isinstance(node.pattern, A.Literal) else None
         return _Exclusion(_text(node.pattern, params, source, "NOT MATCHING"), node.pattern.span,
-                          tuple(offsets) if offsets else None)
+                          offsets)
     if isinstance(node, A.InList) and node.negated and node.operand == A.Column("text"):
         if any(_refers_to_row(i) for i in node.items):
             return None

@@ -34,7 +34,7 @@ _KEYWORDS = set(KEYWORDS)
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*\Z")
 _LONG_WORD = re.compile(r"[A-Za-z0-9_.\-/]*\Z")
 _IDENT = re.compile(r"(?<![\w.:])[^\W\d]\w*\Z|\Z")
-_TOKEN = re.compile(r"""\s+|--[^\n]*|/\*.*?(?P<c>\*/|\Z)|'(?:[^']|'')*(?P<s>'|\Z)|"(?:[^"]|"")*(?P<n>"|\Z)
+_TOKEN = re.compile(r"""\s+|--[^\n]*|/\*.*?(?P<c>\*/|\Z)|'[^']*(?:''[^']*)*(?P<s>'|\Z)|"[^"]*(?:""[^"]*)*(?P<n>"|\Z)
                         |:\w+|[^\W\d]\w*|(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|<=|>=|<>|!=|==|\|\||.""",
                     re.S | re.X)
 

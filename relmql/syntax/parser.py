@@ -207,17 +207,6 @@ def unquote(raw: str) -> str:
     return raw[1:-1].replace("''", "'")
 
 
-def string_offsets(raw: str, start: int) -> List[int]:
-    """Source offset of each character of a string literal's value (``raw`` begins at ``start``),
-    plus one past the end, so that spans inside a regex map back to the query text."""
-    out, i = [], 1
-    while i < len(raw) - 1:
-        out.append(start + i)
-        i += 2 if raw[i] == "'" else 1
-    out.append(start + len(raw) - 1)
-    return out
-
-
 _CLAUSE_FIELD = {"from_clause": "model", "matching_clause": "matching", "prefix_clause": "prefix",
                  "where_clause": "where", "using_clause": "using", "order_clause": "order",
                  "sample_clause": "sample", "group_clause": "group_by", "limit_clause": "limit",
@@ -437,14 +426,6 @@ def _name(tok: Token) -> str:
     if tok.type == "QUOTED_NAME":
         return s[1:-1].replace('""', '"')
     return s.lower()
-
-
-def string_literal_at(text: str, span: A.Span) -> Optional[List[int]]:
-    """Offsets of the characters of the string literal at ``span`` in ``text`` (None if not one)."""
-    raw = text[span[0]:span[1]]
-    if len(raw) >= 2 and raw[0] == "'" and raw[-1] == "'":
-        return string_offsets(raw, span[0])
-    return None
 
 
 def is_complete(text: str) -> bool:
