@@ -132,12 +132,22 @@ def _main(args) -> int:
         verb = "apply" if len(ray_only) > 1 else "applies"
         print(f"note: {' and '.join(ray_only)} {verb} to the Ray engine (--engine ray, or SET engine = 'ray' in "
               f"the script); until then queries run in this process", file=sys.stderr)
-    scripts = [("-c", c) for c in args.command or []]
+    from .syntax import check_text, decode_script
+    scripts = []
+    try:
+        for c in args.command or []:
+            scripts.append(("-c", check_text(c)))
+    except Error as e:
+        print(e.render(), file=sys.stderr)
+        return EXIT_ERROR
     for f in args.files:
         try:
-            scripts.append((f, Path(f).read_text(encoding="utf-8-sig") if f != "-" else sys.stdin.read().removeprefix("\ufeff")))
-        except (OSError, UnicodeDecodeError) as e:
-            print(f"error: cannot read {f}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+            scripts.append((f, decode_script(Path(f).read_bytes()) if f != "-" else _read_stdin()))
+        except Error as e:
+            print(e.render("<stdin>" if f == "-" else f), file=sys.stderr)
+            return EXIT_ERROR
+        except OSError as e:
+            print(f"error: cannot read {f}: {e.strerror or e}", file=sys.stderr)
             if isinstance(e, FileNotFoundError) and not Path(f).suffix and "/" not in f:  # relmql help
                 print("hint: FILE arguments are scripts of statements to run; relmql --help lists the options, "
                       "and -c 'SQL' runs a statement", file=sys.stderr)
@@ -149,7 +159,11 @@ def _main(args) -> int:
                 print("note: --plot draws a script's results; in the shell, .plot FILE draws the last query's",
                       file=sys.stderr)
             return run_repl(con, mode=args.format, params=params, results=args.output)
-        scripts.append(("<stdin>", sys.stdin.read()))
+        try:
+            scripts.append(("<stdin>", _read_stdin()))
+        except Error as e:
+            print(e.render("<stdin>"), file=sys.stderr)
+            return EXIT_ERROR
     from .output import Sink
     try:
         out = Sink(open(args.output, "w", encoding="utf-8", newline="") if args.output else sys.stdout,
@@ -214,10 +228,19 @@ def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: I
     FILE``, ``.plot FILE``, ``.quit``): it applies to the statements after it, and what it says
     goes to ``err``, not among the results. Returns the exit status; a script without statements
     is not an error, but is noted on ``err``."""
-    from .repl.shell import ScriptShell, _chunks, is_command_line
+    from .output.progress import StatementProgress
     err = err or sys.stderr
+    progress = StatementProgress(err, out.isatty(), getattr(con, "progress", False))
+    try:
+        return _run_script(con, text, name, params, fmt, out, err, plot, progress)
+    finally:
+        progress.close()
+
+
+def _run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: IO[str], plot, progress) -> int:
+    from .repl.shell import ScriptShell, _chunks, is_command_line
     if not any(is_command_line(line) for line in text.splitlines()):  # the statements alone, in one go
-        return _run_statements(con, text, name, params, fmt, out, err, plot)
+        return _run_statements(con, text, name, params, fmt, out, err, plot, progress=progress)
     from .repl.commands import run_command
     shell = ScriptShell(con, out, err, params, fmt)
     chunks = list(_chunks(text))
@@ -240,7 +263,7 @@ def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: I
                     return 0
             else:
                 code = _run_statements(con, "\n" * (line - 1) + body, name, params, shell.mode, shell.out, err,
-                                       plot, shell)
+                                       plot, shell, progress)
                 if code:
                     return code
         return 0
@@ -249,9 +272,10 @@ def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: I
 
 
 def _run_statements(con, text: str, name: str, params, fmt: str, out: IO[str], err: IO[str],
-                    plot: Optional[Callable[..., None]] = None, shell=None) -> int:
+                    plot: Optional[Callable[..., None]] = None, shell=None, progress=None) -> int:
     """``run_script`` for statements alone; with ``shell`` (a script's meta-command state), its
-    explain and timer switches apply, and each query's result is kept for ``.plot``."""
+    explain and timer switches apply, and each query's result is kept for ``.plot``; ``progress``
+    (a ``StatementProgress``) is told of each statement run."""
     from .output import started, write
     from .records import Cancelled
     from .syntax import ast as A
@@ -269,7 +293,11 @@ def _run_statements(con, text: str, name: str, params, fmt: str, out: IO[str], e
     ahead: Dict[int, object] = {}
     running: List[object] = []  # the query being read, cancelled by Ctrl-C
     with _ctrl_c(running) as pressed:
+        if progress is not None:
+            progress.add(len(statements))
         for i, st in enumerate(statements):
+            if progress is not None and i:
+                progress.step()
             result = None
             began = time.perf_counter()
             try:
@@ -408,6 +436,14 @@ def _quiet_pipe():
     # the reader went away (e.g. `| head`): stop without a traceback at exit
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
+
+
+def _read_stdin() -> str:
+    """Standard input as UTF-8 text: read as bytes where it has them (Python's own decoding keeps
+    a byte that is not UTF-8 as a lone surrogate), else as the text it gives."""
+    from .syntax import check_text, decode_script
+    buffer = getattr(sys.stdin, "buffer", None)
+    return decode_script(buffer.read()) if buffer is not None else check_text(sys.stdin.read())
 
 
 def _origin(name: str) -> Optional[str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
 from ..errors import Error, closest
+from ..syntax import decode_script
 
 __all__ = ["Command", "COMMANDS", "command", "lookup", "run_command", "help_text"]
 
@@ -161,9 +162,14 @@ def _read(shell, arg):
         raise Error(".read needs a FILE")
     path = os.path.expanduser(arg.strip("'\""))
     try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise Error(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise Error(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        text = decode_script(data)
+    except Error as e:
+        shell.report(e, path)
+        return
     shell.run_text(text, name=path)
 
 
