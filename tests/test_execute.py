@@ -229,12 +229,16 @@ def test_max_batch_size_below_batch_size_is_refused():
 
 @pytest.mark.parametrize("batch_size", [1, 8])
 def test_one_token_per_expanded_node(tiny, batch_size):
+    """Each node read costs one token (the root reads the start-of-text token), but for a small
+    prefix tree read in one call: its two chains, [start, The, man] and [start, The, woman],
+    each read the start token and 'The' (a batch of one reads the tree level by level)."""
     ta = compile("The (man|woman) was (here|there|gone)", tiny.vocabulary, "The (man|woman)")
-    before = tiny.stats.tokens
+    before, calls = tiny.stats.tokens, tiny.stats.calls
     stats = SearchStats()
     rows = list(shortest_path(ta, tiny, Decoding(), ShortestPath(batch_size=batch_size), stats=stats))
-    assert rows and stats.expanded >= 4
-    assert tiny.stats.tokens - before == stats.expanded  # the root reads the start-of-text token
+    assert len(rows) == 6 and stats.expanded == 6 and stats.prefix == 4  # and ' was' after each
+    assert tiny.stats.tokens - before == stats.expanded + (2 if batch_size > 1 else 0)
+    assert tiny.stats.calls - calls == (2 if batch_size > 1 else 5)
 
 
 def test_results_stream_before_the_search_ends(tiny):

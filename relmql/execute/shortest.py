@@ -35,6 +35,7 @@ from ..memory import shares
 from ..models.base import LanguageModel, ModelState
 from ..records import Cancelled, Decoding, ExecutionError, ShortestPath, Stop
 from .decoding import RuleScores, batch_limit
+from .prefixtree import prefix_chains
 from .rows import Row, make_row
 
 CHUNK = 256  # children kept per node; more are recomputed when needed
@@ -450,6 +451,12 @@ class ShortestPathSearch:
         # edit that makes the rest of the prefix improbable): it is read whole only when nothing else
         # waits (a long prompt, read at once), else token by token, best first like the rest
         whole = node.prefix and (self.by_prob or not (self.queue or self.batch))
+        if whole and self.by_prob and node.parent is None:
+            chains = prefix_chains(self.automaton, node, self.prefix_child, lambda s: self.final_edits(s) >= 0,
+                                   self.opts.max_prefix_tokens, self.context, self.opts.batch_size)
+            if chains is not None:
+                self.batch.extend((chain, 0) for chain in chains)
+                return
         step = self.forced(node) if whole else None
         if step is None:
             if not (whole and self.past_context(node)) and self.expandable(node):
@@ -464,6 +471,11 @@ class ShortestPathSearch:
             return
         if len(chain) > 1 or self.expandable(node):
             self.batch.append((chain, 0))  # a chain is read even to its end, for its probabilities
+
+    def prefix_child(self, parent: _Node, token: int, state: int) -> _Node:
+        """A child on a prefix token, its probability to be read with the chain it ends."""
+        self.nodes += 1
+        return _Node(parent, token, state, True, parent.npre + 1, 0, parent.pre_raw, 0.0, None)
 
     def expand(self) -> None:
         """One model call for the batch: queue each node's results with ``eos`` and its best child,
@@ -484,16 +496,20 @@ class ShortestPathSearch:
         # each node of the batch (the last of its chain) in one pass: what the arrays below read
         nodes, chunks, states, fields = [], [], [], []
         fixed, per_token = SEQ_BYTES
+        counted = set()  # the chains of a prefix tree share their first nodes: each is counted once
         for (chain, chunk), out in zip(self.batch, outs):
             node = chain[-1]
+            new = [n for n in chain if id(n) not in counted]
+            if len(outs) > 1 and len(chain) > 1:
+                counted.update(id(n) for n in chain)
             if chunk == 0:
-                stats.expanded += len(chain)
+                stats.expanded += len(new)
                 self.prefix_expanded += node.prefix or node.parent is None
             if len(chain) > 1:  # forced prefix tokens read in one go: their probabilities
                 for n, lp in zip(chain[1:], out.token_logprobs[-(len(chain) - 1):]):
                     n.pre_raw = n.parent.pre_raw + float(lp)
                     n.key = self.node_key(n.pre_raw, 0.0, True)
-                self.prefix_expanded += len(chain) - 1
+                self.prefix_expanded += len(new) - 1
                 if not rules.eos:
                     edits = self.final_edits(node.state)
                     if edits >= 0:

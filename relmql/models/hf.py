@@ -22,6 +22,7 @@ from .base import LanguageModel, ModelState, ModelStats
 from .device import approximate, resolve_device, resolve_dtype
 from .graphs import PADDED, TREE, Graphs
 from .kvpool import PAD, KVPool
+from .threads import threads_for
 from .vocab import Vocabulary, from_tokenizer
 
 DEFAULT_KV_BUDGET = 2 ** 30  # bytes of cached keys and values kept per model (a query sets its own share)
@@ -499,12 +500,13 @@ class TransformersModel(LanguageModel):
         dev = self.device
         t0 = time.perf_counter()
         keep = {} if logits or not self._keep_arg else {"logits_to_keep": 1}
-        if run is not None:
-            out = run.run()
-        else:
-            out = self.model(input_ids=ids.to(dev), attention_mask=mask, position_ids=pos.to(dev),
-                             use_cache=True, **{self._cache_arg: cache}, **keep)
-        logprobs = torch.log_softmax(out.logits.float(), dim=-1) if logits else None
+        with threads_for(dev, ntokens):
+            if run is not None:
+                out = run.run()
+            else:
+                out = self.model(input_ids=ids.to(dev), attention_mask=mask, position_ids=pos.to(dev),
+                                 use_cache=True, **{self._cache_arg: cache}, **keep)
+            logprobs = torch.log_softmax(out.logits.float(), dim=-1) if logits else None
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         self.stats.seconds += time.perf_counter() - t0
