@@ -240,7 +240,7 @@ def run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: I
 def _run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: IO[str], plot, progress) -> int:
     from .repl.shell import ScriptShell, _chunks, is_command_line
     if not any(is_command_line(line) for line in text.splitlines()):  # the statements alone, in one go
-        return _run_statements(con, text, name, params, fmt, out, err, plot, progress=progress)
+        return _run_statements(con, text, name, params, fmt, out, err, progress, plot)
     from .repl.commands import run_command
     shell = ScriptShell(con, out, err, params, fmt)
     chunks = list(_chunks(text))
@@ -263,7 +263,7 @@ def _run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: 
                     return 0
             else:
                 code = _run_statements(con, "\n" * (line - 1) + body, name, params, shell.mode, shell.out, err,
-                                       plot, shell, progress)
+                                       progress, plot, shell)
                 if code:
                     return code
         return 0
@@ -271,8 +271,8 @@ def _run_script(con, text: str, name: str, params, fmt: str, out: IO[str], err: 
         shell.close()
 
 
-def _run_statements(con, text: str, name: str, params, fmt: str, out: IO[str], err: IO[str],
-                    plot: Optional[Callable[..., None]] = None, shell=None, progress=None) -> int:
+def _run_statements(con, text: str, name: str, params, fmt: str, out: IO[str], err: IO[str], progress,
+                    plot: Optional[Callable[..., None]] = None, shell=None) -> int:
     """``run_script`` for statements alone; with ``shell`` (a script's meta-command state), its
     explain and timer switches apply, and each query's result is kept for ``.plot``; ``progress``
     (a ``StatementProgress``) is told of each statement run."""
@@ -293,10 +293,9 @@ def _run_statements(con, text: str, name: str, params, fmt: str, out: IO[str], e
     ahead: Dict[int, object] = {}
     running: List[object] = []  # the query being read, cancelled by Ctrl-C
     with _ctrl_c(running) as pressed:
-        if progress is not None:
-            progress.add(len(statements))
+        progress.add(len(statements))
         for i, st in enumerate(statements):
-            if progress is not None and i:
+            if i:
                 progress.step()
             result = None
             began = time.perf_counter()

@@ -8,6 +8,7 @@ ran for minutes and out of memory (issue 54); more of it runs with
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -24,7 +25,7 @@ SEED = int(os.environ.get("RELMQL_FUZZ_SEED", "54"))
 COUNT = int(os.environ.get("RELMQL_FUZZ_COUNT", "300"))
 DEADLINE = 60.0  # seconds for one pattern: about six times the 10 s target, for CI's shared cores
 MEMORY = 2_500 * 2 ** 20  # the child's address space, torch-free (pynini and numpy)
-ALPHABET = ["a", "b", "\n", "é", "_", "0", " ", "Ω"]
+ALPHABET = ["a", "b", "\n", "é", "_", "0"]  # every string of up to four of these
 
 ATOMS = ["a", "b", "ab", "\\n", "é", "[ab]", "[^ab\\n]", "\\w", "\\W", "\\d", "\\s", ".", "[]a]", "[^\\W\\d]",
          "(?:)", "Ω", "[a-zé]", "\\S"]
@@ -177,7 +178,7 @@ class Child:
 
 
 def test_random_patterns_compile_to_what_re_accepts_or_end_in_relmqls_own_error():
-    texts = ["".join(t) for n in range(5) for t in __import__("itertools").product(ALPHABET[:6], repeat=n)]
+    texts = ["".join(t) for n in range(5) for t in itertools.product(ALPHABET, repeat=n)]
     texts += ["Ω", "aΩb", "é" * 5, "a" * 7, "ab" * 4, "\n\n", "0_0_0"]
     child = Child(texts)
     wrong, failed, slowest = [], [], (0.0, "")

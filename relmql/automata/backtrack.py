@@ -241,18 +241,19 @@ class _Subsets:
 
     # -- interning
     def config(self, key: tuple) -> int:
-        return self._number(key, self.config_id, self.configs)
+        return self._number(key, self.config_id, self.configs, INTERN_WORK)
 
     def intern(self, members) -> int:
-        return self._number(self._prune(members), self.set_id, self.sets)
+        members = self._prune(members)
+        return self._number(members, self.set_id, self.sets, INTERN_WORK + len(members))
 
-    def _number(self, key, ids: dict, items: list) -> int:
-        """``key``'s number in ``items``, appended (and counted against the budget) if new."""
+    def _number(self, key, ids: dict, items: list, work: int) -> int:
+        """``key``'s number in ``items``, appended (and its ``work`` counted against the budget) if new."""
         n = ids.get(key)
         if n is None:
             n = ids[key] = len(items)
             items.append(key)
-            self._spend(INTERN_WORK + (len(key) if isinstance(key, frozenset) else 0))
+            self._spend(work)
         return n
 
     def _spend(self, work: int):

@@ -104,7 +104,7 @@ def atoms_to_bytes(nstates: int, final: np.ndarray, src: np.ndarray, atom: np.nd
     seg = _Segments(atoms)
     table = np.full((n, len(atoms) + 1), -1, np.int64)  # state, label -> next state (-1: none)
     table[src, ilabel - 1] = dst
-    builder = _Builder(seg, table, n, max_states, source)
+    builder = _Builder(seg, n, max_states, source)
     ascii_labels = np.array([seg.labels[bisect.bisect_right(seg.starts, b) - 1] for b in range(0x80)])
     builder.arcs_from_all(np.arange(0x80), table[:, ascii_labels])
     for first, last, level, low, high in _LENGTHS:
@@ -126,9 +126,8 @@ class _Builder:
     """The byte automaton's states beyond the atom DFA's, each a block of the byte tree with the
     next state of each label in it, interned; and its arcs."""
 
-    def __init__(self, seg: _Segments, table: np.ndarray, n: int, max_states: int, source: str):
+    def __init__(self, seg: _Segments, n: int, max_states: int, source: str):
         self.seg = seg
-        self.table = table
         self.count = n
         self.max_states = max_states
         self.source = source
