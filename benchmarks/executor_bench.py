@@ -167,6 +167,8 @@ class StubModel:
 
     eos_id = property(lambda self: self.vocabulary.eos_id)
     bos_id = property(lambda self: self.vocabulary.bos_id)
+    start_tokens = property(lambda self: (self.vocabulary.bos_id,))
+    context = ()  # no prompt: texts start after the start token
 
     def set_cache_budget(self, nbytes: int) -> None:
         pass

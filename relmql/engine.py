@@ -26,6 +26,8 @@ from .models import LanguageModel
 from .plan import (DatasetPlan, ModelRef, Plan, QueryPlan, check_params, count_selected, evaluate, plan_row,
                    selected_rows)
 from .plan.expr import Env, truth
+from .plan.models import under_name
+from .rowcontext import RowContext, prompted
 from .plan.options import PlanError, shown
 from .records import (COLUMNS, COMPUTED_COLUMNS, Cancelled, ExecutionError, Measure, Sample, ShortestPath, Stop,
                       cancelling)
@@ -74,13 +76,21 @@ class RowEnv(Env):
 
     beyond = False
 
-    def __init__(self, plan: QueryPlan, row: Optional[Row], rank: Optional[int], regex, mass: Optional[Mass] = None):
+    def __init__(self, plan: QueryPlan, row: Optional[Row], rank: Optional[int], regex, mass: Optional[Mass] = None,
+                 context: Optional[RowContext] = None):
         self.plan, self.row, self.rank, self._regex, self.mass = plan, row, rank, regex, mass
+        self.context = context
         self._match = False
 
     def column(self, node: A.Column):
         name = node.name
         row = self.row
+        if name == "model":
+            return self.plan.model.name
+        if name == "prompt":
+            if self.context is not None and self.context.prompt is not None:
+                return self.context.prompt
+            return None if self.plan.prompt is None else self.plan.prompt.text
         if name in COLUMNS or name in COMPUTED_COLUMNS:
             self.beyond = self.beyond or name != "prefix"
         if name == "rank":
@@ -93,6 +103,13 @@ class RowEnv(Env):
             value = getattr(row, name)
             return list(value) if name == "tokens" else value
         return self.group(name, node)
+
+    def under(self, node: A.Call):
+        self.beyond = True
+        name = under_name(node, self.plan.param_dict(), self.plan.source)
+        if self.row is None or self.context is None:
+            return None
+        return self.context.score(name, self.row, node.span)
 
     def param(self, node: A.Param):
         params = self.plan.param_dict()
@@ -220,6 +237,7 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
     model = load(plan, models, cancel, on_note)
     automaton = compile_plan(plan, model, cancel, on_note)
     regex = match_regex(plan)
+    context = row_context(plan, model, models)
     if plan.limit == 0:
         return
     emitted, kept_at = 0, 0
@@ -242,14 +260,14 @@ def query_rows(plan: QueryPlan, models: Models, cancel: Optional[threading.Event
         if row.miss and mass is not None:  # a prefix path (exact) or a draw that found no string (estimate):
             if progress is not None and not mass.exact:  # it only counts, in probability()'s denominators
                 progress(1)
-            yield RowEnv(plan, row, None, regex, mass)
+            yield RowEnv(plan, row, None, regex, mass, context)
             continue
         if progress is not None and mass is not None and not row.summed:
             progress(1)
-        env = RowEnv(plan, row, emitted + 1, regex, mass)
+        env = RowEnv(plan, row, emitted + 1, regex, mass, context)
         if plan.where is not None and not _eval(plan.where, env, plan.source, condition=True):
             if mass is not None and not mass.exact and not row.summed:  # a draw all the same
-                yield RowEnv(plan, dataclasses.replace(row, miss=True), None, regex, mass)
+                yield RowEnv(plan, dataclasses.replace(row, miss=True), None, regex, mass, context)
             # a search's max_nodes_per_row counts from the last row WHERE kept, not the last it found
             stats.row_at, stats.rows = kept_at, emitted
             continue
@@ -425,11 +443,19 @@ def load(plan: QueryPlan, models: Models, cancel: Optional[threading.Event] = No
     with _compiling(plan, cancel, on_note):
         byte_language(plan.matching, plan.prefix, plan.compile)
     try:
-        return models(plan.model)
+        model = models(plan.model)
     except Error as e:
         if e.span is None and plan.model_span is not None:
             e.span, e.source = plan.model_span, plan.source
         raise
+    return model if plan.prompt is None else prompted(plan, model)
+
+
+def row_context(plan: QueryPlan, model: LanguageModel, models: Optional[Models]) -> RowContext:
+    """What the rows of ``plan`` on ``model`` (its prompted view, where it has a PROMPT) can ask
+    beyond their columns."""
+    rendered = getattr(model, "rendered", None)
+    return RowContext(plan, models, rendered.text if rendered is not None else None)
 
 
 def compile_plan(plan: QueryPlan, model: LanguageModel, cancel: Optional[threading.Event] = None,
@@ -438,7 +464,7 @@ def compile_plan(plan: QueryPlan, model: LanguageModel, cancel: Optional[threadi
     ``cancel`` stops the compile at its next checkpoint (a large determinization at once), where
     ``on_note`` is told that it is compiling (a progress display's note; cleared once it is done)."""
     with _compiling(plan, cancel, on_note):
-        automaton = compile(plan.matching, model.vocabulary, plan.prefix, plan.compile)
+        automaton = compile(plan.matching, model.vocabulary, plan.prefix, plan.compile, model.context)
     for w in automaton.warnings:
         say(f"warning: {w}")
     return automaton
@@ -490,7 +516,7 @@ def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
     elif isinstance(plan, DatasetPlan):
         envs = _dataset_rows(plan, models, cancel, progress, on_total, masses, stops, on_note)
     else:
-        envs = _warned(query_rows(plan, models, cancel, progress, stops, masses, on_total, on_note=on_note), stops)
+        envs = _warned(_model_rows(plan, models, cancel, progress, stops, masses, on_total, on_note), stops)
     outputs = plan.outputs
     if not plan.aggregate:
         for env in envs:
@@ -532,6 +558,17 @@ def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
         else:
             genv = _EmptyEnv(measured)
         yield tuple(_eval(o.expr, genv, plan.source) for o in outputs)
+
+
+def _model_rows(plan: QueryPlan, models: Models, cancel, progress, stops, masses, on_total,
+                on_note) -> Iterator[RowEnv]:
+    """``query_rows`` of ``plan`` on each of its models in turn (FROM's list), or on its one model;
+    a model's cached keys and values are dropped when its turn ends, so that the next model's
+    query has max_memory to itself."""
+    for one in plan.per_model():
+        yield from query_rows(one, models, cancel, progress, stops, masses, on_total, on_note=on_note)
+        if plan.models:
+            models(one.model).set_cache_budget(0)
 
 
 def _no_group_note(masses) -> str:
@@ -744,18 +781,18 @@ def _dataset_rows(plan: DatasetPlan, models: Models, cancel, progress, on_total,
     for data in selected_rows(plan):
         if cancel is not None and cancel.is_set():
             raise Cancelled("the query was cancelled")
-        found = False
-        before = len(masses)
         try:
-            qplan = plan_row(plan, data)
-            for env in query_rows(qplan, models, cancel, stopped=stopped, masses=masses, no_row=empty,
-                                  on_note=on_note, floors=floors):
-                found = True
-                yield env
+            for qplan in plan_row(plan, data).per_model():
+                found, before = False, len(masses)
+                for env in query_rows(qplan, models, cancel, stopped=stopped, masses=masses, no_row=empty,
+                                      on_note=on_note, floors=floors):
+                    found = True
+                    yield env
+                if not found and len(masses) == before:  # the row still counts: one row of NULL results (as
+                    # a LEFT JOIN would give), one for each model; a measured one counts as 0
+                    yield RowEnv(qplan, None, None, match_regex(qplan))
         except Error as e:
             raise in_data_row(e, plan, data.get("row_number")) from None
-        if not found and len(masses) == before:  # the row still counts: one row of NULL results (as a LEFT
-            yield RowEnv(qplan, None, None, match_regex(qplan))     # JOIN would give); a measured one counts as 0
         if progress is not None:
             progress(1)
     if len(stopped) > before_stops:

@@ -110,10 +110,11 @@ def display_width(text: str) -> int:
                2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
 
-def closest(name: str, candidates: Iterable[str]) -> Optional[str]:
-    """The candidate closest to ``name``, or None when nothing is close."""
+def closest(name: str, candidates: Iterable[str], cutoff: float = 0.6) -> Optional[str]:
+    """The candidate closest to ``name``, or None when nothing is close (``difflib``'s ratio below
+    ``cutoff``)."""
     candidates = list(candidates)
-    found = difflib.get_close_matches(name.lower(), [c.lower() for c in candidates], n=1, cutoff=0.6)
+    found = difflib.get_close_matches(name.lower(), [c.lower() for c in candidates], n=1, cutoff=cutoff)
     if not found:
         return None
     for c in candidates:

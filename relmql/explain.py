@@ -56,6 +56,11 @@ def _lines(plan: QueryPlan, automaton: TokenAutomaton, model: LanguageModel, dat
     dtype = getattr(model, "dtype", None)
     add("model", f"{plan.model.name} on {model.device}" + (f" ({str(dtype).replace('torch.', '')})" if dtype else "")
         + f", {len(model.vocabulary):,} tokens")
+    if plan.models:
+        add("models", f"the query runs on each of {', '.join(m.name for m in plan.models)} in turn (each loaded "
+                      f"when its turn comes; the plan below is {plan.model.name}'s)")
+    if plan.under:
+        add("scoring", "logprob_under() loads " + ", ".join(m.name for m in plan.under))
     add("numbers", getattr(model, "approximate", None) or "exact: float32, as direct scoring with transformers")
     if getattr(model, "attention", None):
         add("attention", model.attention)
@@ -108,6 +113,17 @@ def _lines(plan: QueryPlan, automaton: TokenAutomaton, model: LanguageModel, dat
     rules = plan.decoding.describe()
     add("decoding", ", ".join(rules) + "; prefix tokens at the model's own probability" if rules
         else "the model's distribution (no top-k, top-p or temperature)")
+    rendered = getattr(model, "rendered", None)
+    if rendered is not None:
+        how = ("raw text after the start token" if not plan.prompt.is_chat else
+               "the model's chat template" if plan.prompt.template is None else "the chat_template given")
+        add("PROMPT", f"{len(rendered.ids):,} tokens ({how}; special tokens in ⟨⟩): {rendered.shown(model.vocabulary)}")
+        if plan.prompt.is_chat:
+            eot = rendered.end_of_turn
+            name = model.vocabulary.tokenizer.convert_ids_to_tokens(eot) if eot is not None else None
+            add("end of turn", (f"⟨{name}⟩ (id {eot}): eos means it" if eot is not None else "none found: eos is the "
+                                "model's end-of-text token") + ("; the reply goes on the assistant's last message"
+                                                                  if rendered.continues else ""))
     add("MATCHING", _clip(plan.matching))
     if plan.prefix is not None:
         add("PREFIX", _clip(plan.prefix))

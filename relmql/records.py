@@ -29,7 +29,9 @@ COLUMN_KINDS: Dict[str, str] = {
     "prob": "number", "total_logprob": "number", "total_prob": "number", "canonical": "bool", "edits": "number",
     "rank": "rank", "weight": "number"}
 COLUMNS = tuple(COLUMN_KINDS)
-COMPUTED_COLUMNS = ("edit_position",)  # worked out from a row when asked for; not in SELECT *
+# worked out from a row (or its query) when asked for; in SELECT * only where the query has them
+COMPUTED_KINDS: Dict[str, str] = {"edit_position": "number", "model": "text", "prompt": "text"}
+COMPUTED_COLUMNS = tuple(COMPUTED_KINDS)
 
 # -- the model a query runs on
 
@@ -45,6 +47,26 @@ class ModelRef:
     name: str
     device: str = DEFAULT_DEVICE
     dtype: str = DEFAULT_DTYPE
+
+
+# -- the context a query's strings follow
+
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """``PROMPT``: what the model reads before the reply, given and never searched. Either ``text``
+    (raw text, after the start-of-text token) or ``messages`` (``(role, content)`` turns, rendered by
+    the model's chat template, or by ``template``, a Jinja text, where given)."""
+
+    text: Optional[str] = None
+    messages: Tuple[Tuple[str, str], ...] = ()
+    template: Optional[str] = None
+
+    @property
+    def is_chat(self) -> bool:
+        return self.text is None
 
 
 # -- compiling: how a query's strings become token sequences

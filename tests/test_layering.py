@@ -20,7 +20,7 @@ LAYERS = [
     ["records", "syntax", "output"],
     ["models"],
     ["plan", "automata"],
-    ["execute"],
+    ["execute", "rowcontext"],
     ["engine"],
     ["explain", "cluster"],
     ["api"],

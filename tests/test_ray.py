@@ -118,6 +118,20 @@ def test_single_query_runs_on_a_worker(local, remote):
     assert len(want) == 300 and got == want
 
 
+def test_several_models_with_a_prompt_give_the_in_process_rows(local, remote, data):
+    """FROM's models go to the workers (one model a worker where there is room); the prompt's text
+    and logprob_under() come back with the rows, scored on the workers."""
+    sql = ("SELECT model, text, logprob, prompt, logprob_under('tiny-gpt2') AS under FROM tiny-gpt2, smollm2-135m "
+           "MATCHING ' (a|the|an|one)' PROMPT 'Once upon a time there was' LIMIT 3")
+    want, got = both(local, remote, sql)
+    assert [r[0] for r in want] == ["tiny-gpt2"] * 3 + ["smollm2-135m"] * 3
+    assert got == want and all(r[3] == "Once upon a time there was" for r in got)
+    rows = (f"SELECT model, :animal AS animal, text FROM tiny-gpt2, smollm2-135m MATCHING ' [a-z]{{1,8}}' "
+            f"PROMPT 'The ' || :animal || ' is' USING topk 20 LIMIT 2 FOR EACH ROW IN '{data}' LIMIT 2")
+    want, got = both(local, remote, rows)
+    assert len(want) == 8 and got == want
+
+
 def test_user_errors_from_workers_render_as_in_process(local, remote, data):
     sql = f"SELECT text MATCHING 'The ' || :animal || ' [a-z]' FROM 'no/such/model' FOR EACH ROW IN '{data}'"
     rendered = []

@@ -135,6 +135,21 @@ def test_bad_queries_print_a_caret_and_the_shell_keeps_going(con):
     assert "Traceback" not in screen
 
 
+def test_bad_prompts_print_a_caret_and_the_shell_keeps_going(con):
+    code, screen = drive(con, "SELECT text MATCHING ' a' PROMPT chat('usr', 'hi');\r"
+                              "SELECT text FROM tiny-gpt2 MATCHING ' a' PROMPT chat('user', 'hi');\r"
+                              "SELECT text FROM tiny-gpt2, tiny-gpt2 MATCHING ' a';\r"
+                              "SELECT text, prompt MATCHING ' a' PROMPT 'Once upon a time' LIMIT 1;\r" + CTRL_D)
+    assert code == 0
+    lines = screen.splitlines()
+    i = lines.index("error: unknown role 'usr'; a role is one of system, user, assistant")
+    assert lines[i + 2].strip() == "^^^^^"
+    assert "model error: the model 'tiny-gpt2' has no chat template" in screen
+    assert "error: FROM names the model 'tiny-gpt2' twice" in screen
+    assert "Once upon a time" in screen and "(1 row)" in screen
+    assert "Traceback" not in screen
+
+
 def test_errors_before_the_first_row_leave_no_empty_table(con):
     bad = "SELECT text MATCHING 'x(?<=y)';"
     _, screen = drive(con, bad + "\r.mode csv\r" + bad + "\r.mode json\r" + bad + "\r" + CTRL_D)
@@ -540,6 +555,15 @@ def complete(completer, text):
     ("MATCHING 'a' USING tokenization ", ["canonical", "all"]),
     ("SELECT text FROM ", ["tiny-gpt2", "smollm2-135m"]),
     ("SELECT text FROM tiny-g", ["tiny-gpt2"]),
+    ("SELECT text FROM tiny-gpt2, ", ["smollm2-135m", "gemma3-270m"]),
+    ("SELECT text FROM tiny-gpt2, gem", ["gemma3-270m"]),
+    ("SELECT text FROM tiny-gpt2 ", [",", "MATCHING", "PROMPT"]),
+    ("MATCHING 'a' PRO", ["PROMPT"]),
+    ("MATCHING 'a' PROMPT ", ["chat("]),
+    ("MATCHING 'a' PROMPT ch", ["chat("]),
+    ("MATCHING 'a' PROMPT chat('user', 'hi') ", ["WHERE", "USING"]),
+    ("SELECT model, pro", ["prompt", "prob_under("]),
+    ("MATCHING 'a' USING chat", ["chat_template"]),
     ("SELECT te", ["text"]),
     ("SELECT text, co", ["completion", "count(", "coalesce("]),
     ("SELECT text MATCHING 'a' WHERE ed", ["edits"]),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Optional
+from typing import Optional, Tuple
 
 from ..errors import CompileError
 from ..models.vocab import Vocabulary
@@ -20,10 +20,13 @@ from .tokens import Arcs, TokenAutomaton
 
 
 def compile(matching: str, vocabulary: Vocabulary, prefix: Optional[str] = None,
-            options: CompileOptions = CompileOptions()) -> TokenAutomaton:
+            options: CompileOptions = CompileOptions(), context: Tuple[int, ...] = ()) -> TokenAutomaton:
     """Compile ``matching`` (the whole string) with ``prefix`` (the given part) into a lazy token
-    automaton over ``vocabulary``. Raises ``relmql.errors.Error`` subclasses on bad input."""
-    return _compile(matching, vocabulary, prefix or None, check_options(matching, prefix, options))
+    automaton over ``vocabulary``; ``context``: the tokens the text follows (a prompt's text after
+    its last special token), which its canonical tokenization takes into account. Raises
+    ``relmql.errors.Error`` subclasses on bad input."""
+    return _compile(matching, vocabulary, prefix or None, check_options(matching, prefix, options),
+                    tuple(int(t) for t in context))
 
 
 def check_options(matching, prefix, options: CompileOptions) -> CompileOptions:
@@ -66,15 +69,22 @@ def _spec(matching: str, prefix: Optional[str], options: CompileOptions) -> Lang
 
 
 @functools.lru_cache(maxsize=8)
-def _compile(matching: str, vocabulary: Vocabulary, prefix: Optional[str], options: CompileOptions) -> TokenAutomaton:
+def _compile(matching: str, vocabulary: Vocabulary, prefix: Optional[str], options: CompileOptions,
+             context: Tuple[int, ...] = ()) -> TokenAutomaton:
     language = compile_language(_spec(matching, prefix, options))
-    automaton = TokenAutomaton(language, vocabulary, options.tokenization, options.prefix_tokenization)
+    automaton = TokenAutomaton(language, vocabulary, options.tokenization, options.prefix_tokenization, context)
     if prefix is not None and prefix.endswith(" ") and len(matching) > len(prefix) and _spaced_words(vocabulary):
         automaton.warnings.append(
             "PREFIX ends with a space, which this model's tokens carry before a word (' July', not 'July'): "
             "what follows it starts with a token the model seldom reads there, so its probability is far "
             "lower than it would be after a prompt without the space; end PREFIX before the space (it then "
             "begins the completion)")
+    if context and not len(automaton.arcs(automaton.start)) and not automaton.is_final(automaton.start):
+        tail = vocabulary.decode(context)
+        automaton.warnings.append(
+            f"no string can follow the prompt as the tokenizer reads it: the prompt ends {tail[-20:]!r}, and the "
+            f"first characters of every string would join its last token (the tokenizer reads the two as one "
+            f"text); begin MATCHING with what separates them (a space, say), or use tokenization all")
     return automaton
 
 

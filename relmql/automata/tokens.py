@@ -76,7 +76,7 @@ class TokenAutomaton:
     """
 
     def __init__(self, language: Language, vocabulary: Vocabulary, tokenization: str = "canonical",
-                 prefix_tokenization: str = "canonical"):
+                 prefix_tokenization: str = "canonical", context: Tuple[int, ...] = ()):
         for name, mode in (("tokenization", tokenization), ("prefix_tokenization", prefix_tokenization)):
             if mode not in TOKENIZATIONS:
                 raise CompileError(f"unknown {name} {mode!r}; use canonical or all")
@@ -87,7 +87,8 @@ class TokenAutomaton:
         self.warnings: List[str] = []
         self.trie: VocabTrie = trie_for(vocabulary)
         dfa = language.dfa
-        if vocabulary.prepend:
+        self.context = tuple(context)
+        if vocabulary.prepend and not self.context:  # after a prompt, a text does not start
             if vocabulary.prepend_unless_there:
                 dfa = _absorb_leading(dfa, vocabulary.prepend)
             dfa = _with_prepend(dfa, vocabulary.prepend)
@@ -120,6 +121,9 @@ class TokenAutomaton:
                 raise CompileError(f"the automaton is too large for canonical tokenization "
                                    f"({self.dfa.num_states:,} byte states)", hint="use tokenization all")
         self.start = self._pack(0, self._fresh(0), 0)
+        self._after_context = (self._fresh(1), 0)  # the tracker at the split, where the prefix is empty
+        if self.context and any(self.canonical):
+            self._follow_context()
         if any(self.canonical):
             self._check_special_texts()
         self._dfa_cache = _Lru(CACHE_BYTES // 2)
@@ -181,6 +185,18 @@ class TokenAutomaton:
     def _fresh(self, region: int) -> int:
         return self.tracker.start if self.canonical[region] else 0
 
+    def _follow_context(self) -> None:
+        """Start the text where the tokenizer would be after the context's tokens: the tracker's
+        state and the last token's class, read by walking them through the automaton of their own
+        text (in the prefix where there is one, else in the completion)."""
+        from .context import context_state
+        tau, lam = context_state(self.vocabulary, self.context, self.tracker, self.pairs)
+        if self.language.has_prefix:
+            if self.canonical[0]:
+                self.start = self._pack(0, tau, lam)
+        elif self.canonical[1]:
+            self._after_context = (tau, lam)
+
     # -- queries
     @functools.cached_property
     def num_strings(self) -> Optional[int]:
@@ -198,10 +214,11 @@ class TokenAutomaton:
         if region == 0:
             if self.canonical[0] and not self.tracker.accepts_end(tau):
                 return -1
+            first = state == self.start
             q = int(self.delta[q, SPLIT_COL])
             if q == self.dead:
                 return -1
-            tau = self._fresh(1)
+            tau = self._after_context[0] if first else self._fresh(1)
         if self.dfa.final[q] < 0:
             return -1
         if self.canonical[1] and not self.tracker.accepts_end(tau):
@@ -224,7 +241,8 @@ class TokenAutomaton:
             parts.append((toks, tgts, np.ones(len(toks), bool)))
             q2 = int(self.delta[q, SPLIT_COL])
             if q2 != self.dead and (not self.canonical[0] or self.tracker.accepts_end(tau)):
-                toks, tgts = self._region_arcs(q2, self._fresh(1), 0, 1)
+                tau2, lam2 = self._after_context if state == self.start else (self._fresh(1), 0)
+                toks, tgts = self._region_arcs(q2, tau2, lam2, 1)
                 parts.append((toks, tgts, np.zeros(len(toks), bool)))
         else:
             toks, tgts = self._region_arcs(q, tau, lam, 1)

@@ -170,7 +170,8 @@ def _portable(ref: ModelRef) -> ModelRef:
 
 
 def _portable_plan(plan: QueryPlan) -> QueryPlan:
-    return dataclasses.replace(plan, model=_portable(plan.model))
+    return dataclasses.replace(plan, model=_portable(plan.model), models=tuple(_portable(m) for m in plan.models),
+                               under=tuple(_portable(m) for m in plan.under))
 
 
 def _row_plan(dplan: DatasetPlan, data):
@@ -190,15 +191,22 @@ class Statement:
         self.plan = plan
         self.pool = pool
         self._job: Optional[Job] = None
-        self.selected = None
+        self.selected = None  # a dataset's data row of each unit
+        self.rows_total = 0
 
     def _make(self) -> Job:
         if self._job is None:
             if isinstance(self.plan, DatasetPlan):
-                self.selected = list(selected_rows(self.plan))
-                plans = [_row_plan(self.plan, data) for data in self.selected]
+                self.selected = []
+                plans = []
+                for data in selected_rows(self.plan):
+                    got = _row_plan(self.plan, data)
+                    for one in (got.per_model() if isinstance(got, QueryPlan) else (got,)):
+                        self.selected.append(data)  # each unit's data row (several units a row with FROM's list)
+                        plans.append(one)
+                self.rows_total = len({id(d) for d in self.selected})
             else:
-                plans = [_portable_plan(self.plan)]
+                plans = list(_portable_plan(self.plan).per_model())
             self._job = self.pool.job(plans)
         return self._job
 
@@ -213,12 +221,13 @@ class Statement:
     def rows(self, cancel: Optional[threading.Event], progress: Optional[Callable[[int], None]],
              on_total: Optional[Callable[..., None]], masses: list, stops: list,
              on_note: Optional[Callable[[str], None]] = None) -> Iterator:
+        from ..rowcontext import RowContext
         from ..engine import (RowEnv, floor_warning, in_data_row, match_regex, no_row_note, no_row_rows_note, say,
                               stop_warning, stopped_rows_warning)
         job = self._make()
         dataset = isinstance(self.plan, DatasetPlan)
         if on_total is not None and dataset:
-            on_total(len(self.selected))
+            on_total(self.rows_total)
         stopped, empty, floors = [], [], []
         measured = set()
         current = regex = None
@@ -227,13 +236,14 @@ class Statement:
                 say(line)
             if unit is not current:
                 current, regex = unit, (match_regex(unit.plan) if unit.plan is not None else None)
+            context = RowContext(unit.plan, None, unit.prompt, unit.scores) if unit.plan is not None else None
             if unit.mass is not None and id(unit) not in measured:
                 measured.add(id(unit))
                 masses.append(unit.mass)
             for row, rank in rows:
                 if progress is not None and not dataset:
                     progress(1)
-                yield RowEnv(unit.plan, row, rank, regex, unit.mass)
+                yield RowEnv(unit.plan, row, rank, regex, unit.mass, context)
             if note is not None and on_note is not None:  # of the search after these rows
                 on_note(note)
             if not finished:
@@ -243,7 +253,7 @@ class Statement:
                     raise in_data_row(unit.error, self.plan, self.selected[job.units.index(unit)].get("row_number"))
                 raise unit.error
             if dataset and unit.received == 0 and unit.mass is None:
-                yield RowEnv(unit.plan, None, None, regex)  # the row still counts, as in-process
+                yield RowEnv(unit.plan, None, None, regex, None, context)  # the row still counts, as in-process
             if unit.floor is not None:
                 floors.append(unit.floor)
                 if not dataset:
@@ -260,13 +270,15 @@ class Statement:
                 if not dataset:
                     say(stop_warning(unit.stop))
             if progress is not None and dataset:
-                progress(1)
+                at = job.units.index(unit)  # a data row is done with its last unit (its last model)
+                if at + 1 == len(self.selected) or self.selected[at + 1] is not self.selected[at]:
+                    progress(1)
         if stopped and dataset:
-            say(stopped_rows_warning(stopped, len(self.selected)))
+            say(stopped_rows_warning(stopped, self.rows_total))
         if empty and dataset:
-            say(no_row_rows_note(empty, len(self.selected)))
+            say(no_row_rows_note(empty, self.rows_total))
         if floors and dataset:
-            say(floor_warning(floors, len(self.selected)))
+            say(floor_warning(floors, self.rows_total))
 
 
 __all__ = ["Cluster", "Statement", "require_ray", "cpu_share", "INSTALL"]

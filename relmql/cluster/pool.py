@@ -43,6 +43,8 @@ class Unit:
     note: Optional[str] = None  # the plan's progress note, received and not yet shown
     error: Optional[BaseException] = None
     retries: int = 0
+    prompt: Optional[str] = None  # the prompt as the model read it
+    scores: Dict[tuple, Optional[float]] = field(default_factory=dict)  # logprob_under() of its rows
 
 
 class Job:
@@ -100,6 +102,11 @@ class _Call:
     units: List[int]  # indexes into job.units
 
 
+def _model_of(plan) -> Any:
+    """The model a unit's plan runs on (None for a unit that failed to plan)."""
+    return getattr(plan, "model", None)
+
+
 class Pool:
     """Worker actors made by ``make(i)`` (a Ray actor handle of ``Worker``), ``size`` of them."""
 
@@ -115,6 +122,7 @@ class Pool:
         self.resumed = 0  # of those, plans whose first rows had already come back
         self._ids = itertools.count()
         self.lock = threading.RLock()
+        self.homes: Dict[Any, int] = {}  # a model -> the worker that last ran it (it holds the model loaded)
 
     @property
     def size(self) -> int:
@@ -171,15 +179,22 @@ class Pool:
         for call in list(self.calls.values()):
             busy[call.actor] += 1
         while self.queue:
-            a = min(range(len(self.actors)), key=lambda i: busy[i])
+            job, first = self.queue[0]
+            model = _model_of(job.units[first].plan)
+            home = self.homes.get(model)
+            if home is not None and home < len(self.actors) and busy[home] < self.depth:
+                a = home  # one model a worker, where it has room: no second copy loads
+            else:
+                a = min(range(len(self.actors)), key=lambda i: (busy[i], i in self.homes.values()))
             if busy[a] >= self.depth:
                 return
-            job, first = self.queue.popleft()
+            self.queue.popleft()
             if job.cancelled:
                 continue
+            self.homes[model] = a
             units = [first]
             while (len(units) < job.batch and self.queue and self.queue[0][0] is job
-                   and self.queue[0][1] == units[-1] + 1):
+                   and self.queue[0][1] == units[-1] + 1 and _model_of(job.units[self.queue[0][1]].plan) == model):
                 units.append(self.queue.popleft()[1])
             call = _Call(a, self.actors[a], next(self._ids), job, units)
             plans = [(job.units[u].plan, job.units[u].received) for u in units]
@@ -214,6 +229,9 @@ class Pool:
             unit.note = piece.note
         if unit.mass is None:
             unit.mass = piece.mass
+        if piece.prompt is not None:
+            unit.prompt = piece.prompt
+        unit.scores.update(piece.scores)
         if piece.done:
             unit.done, unit.stop, unit.error, unit.no_row = True, piece.stop, piece.error, piece.no_row
             unit.fewest, unit.floor = piece.fewest, piece.floor

@@ -51,6 +51,8 @@ class Piece:
     warnings: str = ""
     error: Optional[Error] = None
     note: Optional[str] = None
+    prompt: Optional[str] = None  # the prompt as the model read it (its chat template rendered), once
+    scores: Dict[tuple, Optional[float]] = field(default_factory=dict)  # logprob_under() of the rows, by RowContext key
 
 
 class Worker:
@@ -129,6 +131,12 @@ class Worker:
                 if seen <= skip:
                     continue
                 piece.rows.append((env.row, env.rank))
+                if env.context is not None:
+                    if seen == skip + 1:
+                        piece.prompt = env.context.prompt
+                    for ref in plan.under:  # scored here, where the models are: the driver loads none
+                        piece.scores[(ref.name, env.row.prefix, env.row.completion)] = env.context.score(
+                            ref.name, env.row)
                 if masses and not sent_mass:  # one Mass object per plan: its rows share it
                     piece.mass, sent_mass = masses[0], True
                 if len(piece.rows) >= ROWS_PER_PIECE or time.monotonic() - last >= SECONDS_PER_PIECE:

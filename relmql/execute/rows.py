@@ -50,11 +50,18 @@ class Row:
 
 
 def make_row(vocab, tokens, n_prefix: int, logprob: float, total_logprob: float, edits: int, rank: int,
-             weight: float = 1.0, miss: bool = False) -> Row:
+             weight: float = 1.0, miss: bool = False, context: Tuple[int, ...] = ()) -> Row:
+    """The row of ``tokens`` (the first ``n_prefix`` the prefix's), read after the tokens
+    ``context`` (a prompt's text after its last special token): canonical where the tokenizer
+    encodes the context's text followed by the row's as the context's tokens and the row's."""
     tokens = tuple(int(t) for t in tokens)
     prefix = vocab.decode(tokens[:n_prefix])
     text = vocab.decode(tokens)
     completion = text[len(prefix):] if text.startswith(prefix) else vocab.decode(tokens[n_prefix:])
-    canonical = tuple(vocab.encode(text)) == tokens
+    if context:
+        context = tuple(context)
+        canonical = tuple(vocab.encode(vocab.decode(context) + text)) == context + tokens
+    else:
+        canonical = tuple(vocab.encode(text)) == tokens
     return Row(text, prefix, completion, tokens, float(logprob), float(total_logprob), canonical, int(edits),
                rank, float(weight), n_prefix, miss)

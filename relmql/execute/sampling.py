@@ -272,7 +272,8 @@ class Sampler:
             stats.discarded += 1
             if opts.misses:  # one draw per sample: this one missed
                 self.done[w.index] = make_row(self.model.vocabulary, list(w.prefix) + w.tokens, len(w.prefix),
-                                              -math.inf, -math.inf, 0, w.index + 1, 0.0, miss=True)
+                                              -math.inf, -math.inf, 0, w.index + 1, 0.0, miss=True,
+                                              context=self.model.context)
                 return False
             if len(w.tokens) >= opts.max_tokens or len(w.state.tokens) >= self.context:
                 stats.too_long += 1
@@ -363,7 +364,8 @@ class Sampler:
             canonical = w.twin_node is not None and self.twin.is_final(w.twin_node)
             weight, miss = (w.twin_weight if w.canonical else weight), canonical != w.canonical
         self.done[w.index] = make_row(self.model.vocabulary, toks, len(w.prefix), cond, w.pre_raw + cond, edits,
-                                      w.index + 1, 1.0 if self.exact else weight, miss=miss)
+                                      w.index + 1, 1.0 if self.exact else weight, miss=miss,
+                                      context=self.model.context)
 
     def rule_scores(self, st: ModelState) -> RuleScores:
         """The decoding rules on a state's distribution (cached on the state)."""

@@ -271,7 +271,7 @@ class ShortestPathSearch:
                     raise Cancelled("the query was cancelled")
                 cond = -val if self.by_prob else -val - node.pre_raw
                 row = make_row(self.model.vocabulary, node.tokens(), node.npre, cond, node.pre_raw + cond, arg,
-                               self.found + 1)
+                               self.found + 1, context=self.model.context)
                 self.found += 1  # counted before the row goes out: its reader may take it back (stats.row_at)
                 self.stats.rows = self.found
                 self.stats.row_at = self.stats.expanded
@@ -491,7 +491,7 @@ class ShortestPathSearch:
                 toks_in.append([n.token for n in chain if n.token is not None])
             p = head.parent
             parents.append(None if p is None else ModelState(
-                p.seq if p.seq is not None else (model.bos_id, *p.tokens()), None, None, p.cache))
+                p.seq if p.seq is not None else (*model.start_tokens, *p.tokens()), None, None, p.cache))
         outs = model.extend(parents, toks_in)
         # each node of the batch (the last of its chain) in one pass: what the arrays below read
         nodes, chunks, states, fields = [], [], [], []

@@ -78,6 +78,24 @@ class LanguageModel(abc.ABC):
     def bos_id(self) -> int:
         return self.vocabulary.bos_id
 
+    @property
+    def start_tokens(self) -> Tuple[int, ...]:
+        """What every text is read after: the start-of-text token (a prompted model's prompt)."""
+        return (self.bos_id,)
+
+    @property
+    def context(self) -> Tuple[int, ...]:
+        """The tokens right before a text whose characters its first tokens may join in the
+        tokenizer's chunks (a prompt's text after its last special token); none at a text's start."""
+        return ()
+
+    def begin(self, ids: Sequence[int]) -> ModelState:
+        """The state after reading ``ids`` from the very start (no start token added)."""
+        ids = [int(t) for t in ids]
+        if ids and ids[0] == self.bos_id:
+            return self.extend([None], [ids[1:]])[0]
+        raise ModelError(f"{self.name} cannot read a text that does not begin with its start token")
+
     @abc.abstractmethod
     def extend(self, states: Sequence[Optional[ModelState]], tokens: Sequence[Sequence[int]]) -> List[ModelState]:
         """New states after reading ``tokens[i]`` on top of ``states[i]``."""

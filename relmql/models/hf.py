@@ -286,6 +286,16 @@ class TransformersModel(LanguageModel):
         with self._lock:  # one call at a time: the staging buffer and the block records are shared
             return self._extend(states, tokens)
 
+    @torch.inference_mode()
+    def begin(self, ids: Sequence[int]) -> ModelState:
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise ValueError("begin needs at least one token")
+        if self.max_length is not None and len(ids) > self.max_length:
+            raise self.context_error(len(ids), " for the prompt", hint="shorten PROMPT")
+        with self._lock:
+            return self._forward([((), None, ids, 1)])[0]
+
     def _extend(self, states, tokens) -> List[ModelState]:
         if len(states) != len(tokens):
             raise ValueError("states and tokens differ in length")

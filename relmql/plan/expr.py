@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from .. import stats
 from ..errors import RegexError
-from ..records import COLUMN_KINDS, COMPUTED_COLUMNS
+from ..records import COLUMN_KINDS, COMPUTED_KINDS
 from ..syntax import ast as A
 from ..syntax.source import string_offsets
 from ..syntax.regexes import compiled
@@ -200,7 +200,10 @@ OTHER_NAMES = {"len": "length", "char_length": "length", "character_length": "le
 NUMBER_AGGREGATES = ("count", "sum", "avg", "probability")  # the others' values are of any kind
 NULLARY_AGGREGATES = ("probability",)
 ROW_FUNCTIONS = {"group": "a capture group of MATCHING in the row's text: group(1), group('name')",
-                 "coalesce": "the first argument that is not NULL"}
+                 "coalesce": "the first argument that is not NULL",
+                 "logprob_under": "the log-probability another model gives the row's completion after the same "
+                                  "PROMPT and PREFIX: logprob_under('gemma3-270m')",
+                 "prob_under": "the probability another model gives the row's completion: exp(logprob_under(m))"}
 
 
 def kind(node: A.Node) -> str:
@@ -210,7 +213,7 @@ def kind(node: A.Node) -> str:
         v = node.value
         return "bool" if isinstance(v, bool) else "number" if isinstance(v, (int, float)) else "text"
     if isinstance(node, A.Column):
-        return COLUMN_KINDS.get(node.name, "number" if node.name in COMPUTED_COLUMNS else "text")
+        return COLUMN_KINDS.get(node.name, COMPUTED_KINDS.get(node.name, "text"))
     if isinstance(node, A.Unary):
         return "bool" if node.op == "NOT" else "number"
     if isinstance(node, A.Binary):
@@ -220,7 +223,7 @@ def kind(node: A.Node) -> str:
     if isinstance(node, A.Call):
         if node.name in FUNCTIONS:
             return FUNCTIONS[node.name].kind
-        if node.name in NUMBER_AGGREGATES:
+        if node.name in NUMBER_AGGREGATES or node.name in ("logprob_under", "prob_under"):
             return "number"
         if node.name in ("min", "max", "coalesce") and node.args:
             kinds = {kind(a) for a in node.args if not (isinstance(a, A.Literal) and a.value is None)}
@@ -264,6 +267,10 @@ class Env:
     def probability(self):
         """probability() of this group (``relmql.engine`` works it out from the measurements)."""
         raise PlanError("probability() needs the rows of a query")
+
+    def under(self, node: A.Call):
+        """``logprob_under(model)`` of this row (``relmql.engine`` scores it with that model)."""
+        raise PlanError(f"{node.name}() refers to a result row; it cannot be used here", node.span)
 
     rows: Optional[List["Env"]] = None
 
@@ -427,6 +434,9 @@ def _call(node: A.Call, env: Env):
     if name == "group":
         key = evaluate(node.args[0], env)
         return env.group(key, node)
+    if name in ("logprob_under", "prob_under"):
+        value = env.under(node)
+        return None if value is None else math.exp(value) if name == "prob_under" else value
     if name == "coalesce":
         for a in node.args:
             v = evaluate(a, env)
@@ -481,6 +491,9 @@ def check_calls(node: A.Node, source: str, allow_aggregates: bool, allow_rows: b
         if not isinstance(n, A.Call):
             continue
         known = {**{k: None for k in FUNCTIONS}, **AGGREGATES, **ROW_FUNCTIONS}
+        if n.name == "chat":
+            raise PlanError("chat() writes a conversation: it is the value of PROMPT, as in PROMPT chat('user', "
+                            "'a question')", n.span, source)
         if n.name not in known:
             from ..errors import closest
             near = OTHER_NAMES.get(n.name.lower()) or closest(n.name, known)
@@ -509,6 +522,12 @@ def check_calls(node: A.Node, source: str, allow_aggregates: bool, allow_rows: b
                 raise PlanError("group() refers to a result row; it cannot be used here", n.span, source)
             if nargs != 1:
                 raise PlanError("group() takes one argument: a group number or name", n.span, source)
+            continue
+        if n.name in ("logprob_under", "prob_under"):
+            if not allow_rows:
+                raise PlanError(f"{n.name}() refers to a result row; it cannot be used here", n.span, source)
+            if nargs != 1:
+                raise PlanError(f"{n.name}() takes one argument: a model's name", n.span, source)
             continue
         if n.name == "coalesce":
             if nargs < 1:

@@ -181,6 +181,9 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
     OptionSpec("edit_scope", "choice", CompileOptions.edit_scope, "compile",
                "where edits may fall: all, prefix or completion", EDIT_SCOPES),
     OptionSpec("max_states", "int", DEFAULT_MAX_STATES, "compile", "the largest byte automaton allowed", low=1),
+    OptionSpec("chat_template", "text", "", "prompt",
+               "the Jinja chat template that renders PROMPT chat(...), as text or the path of a file (default: "
+               "the model's own)"),
     OptionSpec("max_tokens", "int", MAX_TOKENS, "traversal", "the longest completion, in tokens", low=1),
     OptionSpec("max_nodes", "int", None, "traversal",
                "ranking queries: stop searching after this many search nodes (rows found are still exact, "

@@ -12,13 +12,15 @@ from typing import Any, Collection, Dict, Iterator, List, Mapping, Optional, Seq
 
 from ..errors import Error, closest
 from ..records import (COLUMNS, COMPUTED_COLUMNS, SAMPLE_BATCH_SIZE, CompileOptions, Decoding, Measure, ModelRef,
-                       Sample, ShortestPath, Traversal)
+                       Prompt, Sample, ShortestPath, Traversal)
 from ..syntax import ast as A
 from ..syntax import string_literal_at, unparse
 from ..syntax.regexes import compiled
 from .expr import (AGGREGATES, Env, check_calls, escape, evaluate, is_aggregate, is_probability, kind, truth,
                    weighs_cells)
+from .models import plan_models, under_models
 from .options import OPTIONS, PlanError, option, shown, whole_number
+from .prompt import plan_prompt
 
 ORDER_COLUMNS = {"prob": "prob", "total_prob": "total_prob", "logprob": "prob", "total_logprob": "total_prob"}
 DEFAULT_COLUMNS = ("rank", "text", "prob")
@@ -87,10 +89,18 @@ class QueryPlan:
     exclude_spans: Tuple[Tuple[int, int], ...] = ()
     exclude_offsets: Tuple[Optional[Sequence[int]], ...] = field(default=(), repr=False)
     option_spans: Tuple[Tuple[str, Tuple[int, int]], ...] = field(default=(), repr=False)  # USING name value
+    prompt: Optional[Prompt] = None
+    prompt_span: Optional[Tuple[int, int]] = None
+    models: Tuple[ModelRef, ...] = ()  # FROM's models where it names several: the query runs on each
+    under: Tuple[ModelRef, ...] = ()  # the models logprob_under() and prob_under() score rows with
 
     @property
     def columns(self) -> Tuple[str, ...]:
         return tuple(o.name for o in self.outputs)
+
+    def per_model(self) -> Tuple["QueryPlan", ...]:
+        """This query on each of its models (itself where it has one)."""
+        return tuple(replace(self, model=m) for m in self.models) if self.models else (self,)
 
     def param_dict(self) -> Dict[str, Any]:
         return dict(self.params)
@@ -248,12 +258,10 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
     matching = _text(query.matching, params, source, "MATCHING")
     prefix = _text(query.prefix, params, source, "PREFIX") if query.prefix is not None else None
     opts = _options(query, source, settings, params)
-    model_name = opts["model"]
-    if query.model is not None:
-        model_name = constant(query.model, params, source, "FROM")
-        if not isinstance(model_name, str):
-            raise PlanError(f"FROM needs a model name, not {model_name!r}", query.model.span, source)
-    model = ModelRef(name=model_name, device=opts["device"], dtype=opts["dtype"])
+    models = plan_models(query.model, opts, params, source)
+    model = models[0]
+    prompt = plan_prompt(query.prompt, _ConstEnv(params, source, "PROMPT"), source, opts["chat_template"],
+                         dict((o.name, o.span) for o in query.using).get("chat_template"))
     decoding = Decoding(**{name: opts[name] for name, spec in OPTIONS.items() if spec.where == "decoding"})
     if query.sample is not None and query.order:
         raise PlanError("a query either samples (SAMPLE n) or ranks (ORDER BY), not both", query.order[0].span, source)
@@ -313,7 +321,8 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
                                  max_nodes=opts["max_nodes"], max_nodes_per_row=opts["max_nodes_per_row"],
                                  max_memory=opts["max_memory"])
         if not query.select and order == "total_prob":
-            outputs = tuple(_output(c, A.Column(c)) for c in ("rank", "text", "total_prob"))
+            outputs = tuple(_output(c, A.Column(c)) for c in ("model",) * bool(len(models) > 1) +
+                            ("rank", "text", "total_prob"))
     compile_options = CompileOptions(tokenization=opts["tokenization"], prefix_tokenization=opts["prefix_tokenization"],
                                      edits=opts["edits"], edit_scope=opts["edit_scope"],
                                      exclude=tuple(x.regex for x in exclude),
@@ -331,7 +340,10 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
                      test=_test(query.test, outputs, aggregate, source, opts["test_draws"]),
                      exclude_spans=tuple(x.span for x in exclude),
                      exclude_offsets=tuple(x.offsets for x in exclude),
-                     option_spans=tuple((option(o.name).name, o.span) for o in query.using))
+                     option_spans=tuple((option(o.name).name, o.span) for o in query.using),
+                     prompt=prompt, prompt_span=query.prompt.span if query.prompt is not None else None,
+                     models=models if len(models) > 1 else (),
+                     under=under_models(outputs, where, group_by, opts, params, source))
 
 
 def _options(query: A.Query, source: str, settings, params) -> Dict[str, Any]:
@@ -383,17 +395,19 @@ def _check_columns(node: A.Node, source: str, known, extra=()) -> None:
 
 def _select(query: A.Query, source: str, groups) -> Tuple[Tuple[Output, ...], bool, Tuple[A.Node, ...]]:
     known = tuple(COLUMNS) + COMPUTED_COLUMNS + tuple(groups)
+    several = isinstance(query.model, A.Models)
     items: List[Output] = []
     for item in query.select:
         if isinstance(item.expr, A.Star):
-            items.extend(_output(c, A.Column(c)) for c in COLUMNS)
+            items.extend(_output(c, A.Column(c)) for c in ("model",) * several + COLUMNS
+                         + ("prompt",) * (query.prompt is not None))
             continue
         check_calls(item.expr, source, allow_aggregates=True, allow_rows=True)
         _check_columns(item.expr, source, known)
         items.append(_output(item.alias or (item.expr.name if isinstance(item.expr, A.Column)
                                             else unparse(item.expr)), item.expr))
     if not items:
-        items = [_output(c, A.Column(c)) for c in DEFAULT_COLUMNS]
+        items = [_output(c, A.Column(c)) for c in ("model",) * several + DEFAULT_COLUMNS]
     aliases = {o.name: o.expr for o in items}
     group_by = []
     for g in query.group_by:

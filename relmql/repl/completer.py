@@ -20,7 +20,7 @@ from .lexer import KEYWORDS
 __all__ = ["RelmqlCompleter", "scan"]
 
 # what may follow a complete clause, in the order people write them
-CLAUSES = ("SELECT", "FROM", "MATCHING", "PREFIX", "WHERE", "USING", "ORDER BY", "SAMPLE", "GROUP BY", "LIMIT",
+CLAUSES = ("SELECT", "FROM", "MATCHING", "PREFIX", "PROMPT", "WHERE", "USING", "ORDER BY", "SAMPLE", "GROUP BY", "LIMIT",
            "FOR EACH ROW IN")
 STATEMENTS = ("SELECT", "MATCHING", "EXPLAIN", "SET", "SHOW")
 SHOW_WHAT = ("MODELS", "OPTIONS", "FUNCTIONS")
@@ -28,7 +28,7 @@ EXPR_KEYWORDS = ("NOT", "NULL", "TRUE", "FALSE")
 AFTER_OPERAND = {"SELECT": ("AS",), "WHERE": ("AND", "OR", "NOT", "IN", "IS", "MATCHES", "NOT MATCHING"),
                  "FOR": ("WHERE", "LIMIT"), "GROUP": ()}
 ORDER_KEYS = ("prob", "total_prob")
-_CLAUSE_WORDS = {"SELECT", "FROM", "MATCHING", "PREFIX", "WHERE", "USING", "ORDER", "SAMPLE", "GROUP", "LIMIT",
+_CLAUSE_WORDS = {"SELECT", "FROM", "MATCHING", "PREFIX", "PROMPT", "WHERE", "USING", "ORDER", "SAMPLE", "GROUP", "LIMIT",
                  "SET", "SHOW", "EXPLAIN", "FOR"}
 _KEYWORDS = set(KEYWORDS)
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*\Z")
@@ -37,6 +37,11 @@ _IDENT = re.compile(r"(?<![\w.:])[^\W\d]\w*\Z|\Z")
 _TOKEN = re.compile(r"""\s+|--[^\n]*|/\*.*?(?P<c>\*/|\Z)|'[^']*(?:''[^']*)*(?P<s>'|\Z)|"[^"]*(?:""[^"]*)*(?P<n>"|\Z)
                         |:\w+|[^\W\d]\w*|(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|<=|>=|<>|!=|==|\|\||.""",
                     re.S | re.X)
+
+
+def _in_from(tokens: List[str]) -> bool:
+    """Whether ``tokens`` end inside a FROM list."""
+    return RelmqlCompleter._clause([t.upper() for t in tokens])[0] == "FROM"
 
 
 def scan(text: str) -> Tuple[List[str], Optional[str]]:
@@ -122,7 +127,7 @@ class RelmqlCompleter(Completer):
             return
         long = _LONG_WORD.search(text).group(0)  # a model name may hold '-', '.' and '/'
         before, _ = scan(text[:len(text) - len(long)])
-        if before and before[-1].upper() == "FROM" and long:
+        if before and (before[-1].upper() == "FROM" or (before[-1] == "," and _in_from(before))) and long:
             word, tokens = long, before
         else:
             word = _IDENT.search(text).group(0)
@@ -174,7 +179,7 @@ class RelmqlCompleter(Completer):
             return self._keywords(STATEMENTS + CLAUSES)
         if prev == "EXPLAIN" and len(up) == 1:
             return self._keywords(clauses)
-        if prev == "FROM":
+        if prev == "FROM" or (prev == "," and self._clause(up)[0] == "FROM"):
             return self._models(quoted=False)
         if prev == "SHOW":
             return self._keywords(SHOW_WHAT) + self._options()
@@ -218,6 +223,12 @@ class RelmqlCompleter(Completer):
             if clause == "WHERE":
                 out += self._keywords(EXPR_KEYWORDS)
             return out
+        if clause == "FROM":  # after a model: another, or the next clause
+            return self._keywords((",",) + clauses)
+        if clause == "PROMPT":
+            if self._after_operand(tokens):
+                return self._keywords(clauses)
+            return [("chat(", "a conversation, rendered by the model's chat template", "chat()")] + self._functions()
         if clause in ("MATCHING", "PREFIX", "SAMPLE", "LIMIT"):
             if self._after_operand(tokens):
                 return self._keywords(clauses)

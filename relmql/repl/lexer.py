@@ -20,7 +20,7 @@ from pygments.token import (Comment, Keyword, Name, Number, Operator, Punctuatio
 
 __all__ = ["RelmqlLexer", "KEYWORDS"]
 
-KEYWORDS = ("SELECT", "FROM", "MATCHING", "MATCHES", "PREFIX", "WHERE", "USING", "ORDER", "BY", "ASC", "DESC",
+KEYWORDS = ("SELECT", "FROM", "MATCHING", "MATCHES", "PREFIX", "PROMPT", "WHERE", "USING", "ORDER", "BY", "ASC", "DESC",
             "SAMPLE", "GROUP", "LIMIT", "AS", "AND", "OR", "NOT", "IN", "IS", "NULL", "TRUE", "FALSE", "EXPLAIN",
             "SET", "TO", "SHOW", "FOR", "EACH", "ROW", "TEST", "OF")
 _CONSTANTS = ("NULL", "TRUE", "FALSE")

@@ -160,6 +160,14 @@ class Test(Node):
 
 
 @dataclass(frozen=True)
+class Models(Node):
+    """``FROM 'a', 'b'``: several models, the query run once on each."""
+
+    items: Tuple[Node, ...]
+    span: Span = field(default=(0, 0), compare=False)
+
+
+@dataclass(frozen=True)
 class Dataset(Node):
     """``FOR EACH ROW IN source [WHERE condition] [LIMIT n]``."""
 
@@ -174,9 +182,10 @@ class Query(Node):
     """One query. ``select`` is empty when the statement has no SELECT."""
 
     select: Tuple[SelectItem, ...] = ()
-    model: Optional[Node] = None
+    model: Optional[Node] = None  # FROM's one model, or a ``Models`` list of several
     matching: Optional[Node] = None
     prefix: Optional[Node] = None
+    prompt: Optional[Node] = None
     where: Optional[Node] = None
     using: Tuple[Option, ...] = ()
     order: Tuple[OrderKey, ...] = ()

@@ -42,7 +42,7 @@ _TERMINALS = {
     "ADD_OP": "'+' or '-'", "MUL_OP": "'/' or '%'", "STAR": "'*'", "SEMICOLON": "';'", "COMMA": "','",
     "LPAR": "'('", "RPAR": "')'", "EQUAL": "'='", "$END": "the end",
 }
-_CLAUSES = ("SELECT", "FROM", "MATCHING", "PREFIX", "WHERE", "USING", "ORDER", "SAMPLE", "GROUP", "LIMIT", "TEST")
+_CLAUSES = ("SELECT", "FROM", "MATCHING", "PREFIX", "PROMPT", "WHERE", "USING", "ORDER", "SAMPLE", "GROUP", "LIMIT", "TEST")
 
 
 def _describe(expected) -> str:
@@ -60,7 +60,7 @@ def _did_you_mean(word: str, expected) -> Optional[str]:
     if not word.isalpha():
         return None
     keywords = [t for t in expected if t.isalpha() and t.isupper() and t not in _TERMINALS]
-    best = closest(word.upper(), keywords)
+    best = closest(word.upper(), keywords, cutoff=0.85)  # a word one or two letters off, not a column (prob)
     return f"did you mean {best}?" if best else None
 
 
@@ -208,6 +208,7 @@ def unquote(raw: str) -> str:
 
 
 _CLAUSE_FIELD = {"from_clause": "model", "matching_clause": "matching", "prefix_clause": "prefix",
+                 "prompt_clause": "prompt",
                  "where_clause": "where", "using_clause": "using", "order_clause": "order",
                  "sample_clause": "sample", "group_clause": "group_by", "limit_clause": "limit",
                  "test_clause": "test"}
@@ -277,9 +278,14 @@ class _ToAst(Transformer_NonRecursive):
             return (kind, value, _tspan(c[0]) if isinstance(c[0], Token) else _span(meta), str(c[0]).upper())
         return handler
 
-    from_clause = _clause("from_clause")
+    def from_clause(self, meta, c):
+        refs = tuple(x for x in c[1:] if isinstance(x, A.Node))
+        value = refs[0] if len(refs) == 1 else A.Models(refs, (refs[0].span[0], refs[-1].span[1]))
+        return ("from_clause", value, _tspan(c[0]), "FROM")
+
     matching_clause = _clause("matching_clause")
     prefix_clause = _clause("prefix_clause")
+    prompt_clause = _clause("prompt_clause")
     where_clause = _clause("where_clause")
     sample_clause = _clause("sample_clause")
     limit_clause = _clause("limit_clause")

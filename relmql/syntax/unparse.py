@@ -9,7 +9,7 @@ from . import ast as A
 
 _PRECEDENCE = {"OR": 1, "AND": 2, "NOT": 3, "=": 4, "<>": 4, "<": 4, ">": 4, "<=": 4, ">=": 4, "IN": 4,
                "MATCHES": 4, "IS": 4, "||": 5, "+": 6, "-": 6, "*": 7, "/": 7, "%": 7, "neg": 8}
-_KEYWORDS = {"select", "from", "matching", "matches", "prefix", "where", "using", "order", "by", "asc", "desc",
+_KEYWORDS = {"select", "from", "matching", "matches", "prefix", "prompt", "where", "using", "order", "by", "asc", "desc",
              "sample", "group", "limit", "as", "and", "or", "not", "in", "is", "null", "true", "false", "explain",
              "set", "to", "show", "for", "each", "row", "test", "of"}
 
@@ -105,10 +105,12 @@ def _query(node: A.Query) -> str:
     if node.select:
         parts.append("SELECT " + ", ".join(unparse(s) for s in node.select))
     if node.model is not None:
-        m = node.model
-        parts.append("FROM " + (unparse(m) if not (isinstance(m, A.Literal) and re.fullmatch(
-            r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*", m.value) and m.value.lower() not in _KEYWORDS) else m.value))
-    for word, value in (("MATCHING", node.matching), ("PREFIX", node.prefix), ("WHERE", node.where)):
+        refs = node.model.items if isinstance(node.model, A.Models) else (node.model,)
+        parts.append("FROM " + ", ".join(unparse(m) if not (isinstance(m, A.Literal) and re.fullmatch(
+            r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*", m.value) and m.value.lower() not in _KEYWORDS) else m.value
+            for m in refs))
+    for word, value in (("MATCHING", node.matching), ("PREFIX", node.prefix), ("PROMPT", node.prompt),
+                        ("WHERE", node.where)):
         if value is not None:
             parts.append(f"{word} {unparse(value)}")
     if node.using:
