@@ -9,8 +9,8 @@ import json
 import re
 from pathlib import Path
 
-from . import (compile_bench, execute_bench, executor_bench, gemma_bench, gpu_bench, measure_bench, precision_bench,
-               scale_bench, statement_bench)
+from . import (chat_bench, compile_bench, execute_bench, executor_bench, gemma_bench, gpu_bench, measure_bench,
+               precision_bench, scale_bench, statement_bench)
 from .setting import setting
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +40,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--seconds", type=float, default=30.0, help="time per URL memorization configuration")
     p.add_argument("--only", choices=("compile", "execute", "executor", "measure", "precision", "scale", "gemma", "gpu",
-                                      "statement"),
+                                      "statement", "chat"),
                    help="run one part (the others are left as they are)")
     p.add_argument("--execute-json", help="take the executor results from this file (written by "
                                           "python -m benchmarks.execute_bench --json) instead of measuring them")
@@ -66,6 +66,7 @@ def main():
         versus = executor_bench.run() if args.only in (None, "executor") else None
     measured = measure_bench.run() if args.only in (None, "measure") else None
     small = statement_bench.run() if args.only in (None, "statement") else None
+    chatted = chat_bench.run() if args.only in (None, "chat") else None
     scaled = scale_bench.run() if args.only in (None, "scale") else None
     if args.gemma_json:
         gemma = json.loads(Path(args.gemma_json).read_text())
@@ -83,6 +84,7 @@ def main():
     versus_part = executor_bench.tables(versus) if versus else _section(old, "<!-- executor -->")
     measure_part = measure_bench.tables(measured) if measured else _section(old, "<!-- measure -->")
     statement_part = statement_bench.tables(small) if small else _section(old, "<!-- statement -->")
+    chat_part = chat_bench.tables(chatted) if chatted else _section(old, "<!-- chat -->")
     scale_part = scale_bench.tables(scaled) if scaled else _section(old, "<!-- scale -->")
     gemma_part = gemma_bench.tables(gemma) if gemma else _section(old, "<!-- gemma -->")
     precision_part = precision_bench.tables(precise) if precise else _section(old, "<!-- precision -->")
@@ -101,6 +103,7 @@ def main():
             versus_part = stamp + versus_part if versus else versus_part
             measure_part = stamp + measure_part if measured else measure_part
             statement_part = stamp + statement_part if small else statement_part
+            chat_part = stamp + chat_part if chatted else chat_part
             scale_part = stamp + scale_part if scaled else scale_part
             gemma_part = stamp + gemma_part if gemma else gemma_part
     text = (text.replace("{{date}}", header["date"])
@@ -112,6 +115,7 @@ def main():
                 .replace("{{executor_tables}}", _mark("<!-- executor -->", versus_part))
                 .replace("{{measure_tables}}", _mark("<!-- measure -->", measure_part))
                 .replace("{{statement_tables}}", _mark("<!-- statement -->", statement_part))
+                .replace("{{chat_tables}}", _mark("<!-- chat -->", chat_part))
                 .replace("{{scale_tables}}", _mark("<!-- scale -->", scale_part))
                 .replace("{{gemma_tables}}", _mark("<!-- gemma -->", gemma_part))
                 .replace("{{precision_tables}}", _mark("<!-- precision -->", precision_part))

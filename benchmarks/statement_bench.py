@@ -9,15 +9,15 @@ the session's threads. Alone, and beside two busy processes (a machine shared wi
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
-import json
 import random
 import subprocess
 import sys
 import time
 from typing import Dict, List
+
+from .setting import command
 
 NOUNS = "cat dog cow pig owl ant bee elk fox hen man woman king queen car boat tree house river city".split()
 VERBS = "sat ran ate hid sang slept jumped fell stood waited".split()
@@ -146,16 +146,8 @@ def tables(data: dict) -> str:
     return "\n".join(lines)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--statements", type=int, default=40)
-    p.add_argument("--json", help="write the results here as JSON")
-    args = p.parse_args()
-    data = run(args.statements)
-    print(tables(data))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=1)
+def main(argv=None):
+    command(__doc__, run, tables, argv, options=[("--statements", {"type": int, "default": 40, "dest": "n"})])
 
 
 if __name__ == "__main__":
