@@ -85,9 +85,9 @@ class RowEnv(Env):
     def column(self, node: A.Column):
         name = node.name
         row = self.row
-        if name == "model":
+        if name == "model" and name not in self.plan.group_names:  # a capture group of that name comes first
             return self.plan.model.name
-        if name == "prompt":
+        if name == "prompt" and name not in self.plan.group_names:
             if self.context is not None and self.context.prompt is not None:
                 return self.context.prompt
             return None if self.plan.prompt is None else self.plan.prompt.text
@@ -510,7 +510,7 @@ def run(plan: Plan, models: Models, cancel: Optional[threading.Event] = None,
     masses: list = []
     stops = stops if stops is not None else []
     if not isinstance(plan, DatasetPlan) and on_total is not None and isinstance(plan.traversal, Sample):
-        on_total(plan.traversal.n)
+        on_total(plan.traversal.n * len(plan.per_model()))
     if rows is not None:
         envs = rows(cancel, progress, on_total, masses, stops, on_note)
     elif isinstance(plan, DatasetPlan):

@@ -172,6 +172,7 @@ def test_from_several_models_runs_the_query_on_each_and_names_the_model(con):
     assert sorted(counts) == [("gemma3-270m", 2), ("smollm2-135m", 2)]
     params = con.sql("SELECT model, text FROM :ms " + q, params={"ms": ["gemma3-270m", "smollm2-135m"]}).fetchall()
     assert [r[0] for r in params] == ["gemma3-270m"] * 2 + ["smollm2-135m"] * 2
+    assert con.sql("FROM :ms " + q, params={"ms": ["gemma3-270m", "smollm2-135m"]}).columns[0] == "model"
 
 
 def test_probability_per_model_and_a_test_across_models(con):
@@ -277,3 +278,42 @@ def test_the_chat_example_plans(con):
     assert len(statements) == 3
     for st in statements:
         assert plan(st, text, con.settings).prompt.is_chat
+
+
+def test_a_sample_after_a_long_prompt_reads_up_to_the_context_and_totals_only_the_reply(con, tiny):
+    """The prompt counts once against the model's context (tiny-gpt2 reads 512 tokens): a prompt of
+    more than half of it leaves room for a reply; total_logprob is the reply's alone."""
+    con.models.put("tiny-gpt2", "cpu", "float32", tiny)
+    prompt = "the cat sat on the mat " * 50
+    n = 1 + len(tiny.vocabulary.encode(prompt))
+    assert 256 < n < 500
+    rows = con.sql(f"SELECT text, logprob, total_logprob FROM tiny-gpt2 MATCHING ' [a-z]{{1,6}}' PROMPT '{prompt}' "
+                   f"USING sampling exact, seed 1 SAMPLE 3").fetchall()
+    assert len(rows) == 3
+    for text, lp, total in rows:
+        assert lp == pytest.approx(total, abs=1e-9)
+
+
+def test_a_scoring_model_s_template_errors_name_that_model(con):
+    with pytest.raises(relmql.Error) as info:
+        con.sql("SELECT text, logprob_under('gemma3-270m') FROM smollm2-135m MATCHING 'Paris' "
+                "PROMPT chat('user', 'hi')").fetchall()
+    assert info.value.message.startswith("logprob_under('gemma3-270m'): the model 'gemma3-270m' has no chat template")
+
+
+@pytest.mark.parametrize("family", ["smol_vocab", "gemma_vocab", "mistral_vocab", "llama3_vocab"])
+def test_a_reply_after_a_context_has_the_tokens_the_tokenizer_gives_both(request, family):
+    """The automaton after a prompt's tokens accepts exactly the reply's part of the tokenizer's
+    encoding of prompt + reply, and nothing where that encoding changes the prompt's tokens
+    (byte-level BPE, Gemma's and Mistral's SentencePiece-style BPE with and without a leading space)."""
+    from relmql.automata import compile
+    from relmql.automata.context import literal_pattern
+    vocab = request.getfixturevalue(family)
+    for prompt in ["The capital of France is", "assistant\n", "x", "Hello  ", "1"]:
+        context = tuple(vocab.encode(prompt))
+        for reply in [" Paris", "Paris", "\nParis", "\n\nParis", " ", "  x", "23", "é!", "Paris\n"]:
+            automaton = compile(literal_pattern(reply), vocab, context=context)
+            got = [tokens for tokens, _ in automaton.paths()]
+            full = tuple(vocab.encode(prompt + reply))
+            want = [full[len(context):]] if full[:len(context)] == context else []
+            assert got == want, (prompt, reply)

@@ -130,6 +130,10 @@ def test_several_models_with_a_prompt_give_the_in_process_rows(local, remote, da
             f"PROMPT 'The ' || :animal || ' is' USING topk 20 LIMIT 2 FOR EACH ROW IN '{data}' LIMIT 2")
     want, got = both(local, remote, rows)
     assert len(want) == 8 and got == want
+    chat = ("SELECT text, prob, prompt FROM smollm2-135m MATCHING '(Paris|Rome)\\.?' "
+            "PROMPT chat('user', 'What is the capital of France?') USING eos")
+    want, got = both(local, remote, chat)
+    assert len(want) == 4 and got == want and "<|im_start|>assistant\n" in got[0][2]
 
 
 def test_user_errors_from_workers_render_as_in_process(local, remote, data):

@@ -15,6 +15,11 @@ from ..records import DEFAULT_MAX_STATES
 _SPECIAL = set(".^$*+?{}[]\\|()")
 
 
+def literal_pattern(text: str) -> str:
+    """A regex matching exactly ``text``."""
+    return "".join("\\" + c if c in _SPECIAL else c for c in text)
+
+
 def context_state(vocab: Vocabulary, context: Tuple[int, ...], tracker, pairs) -> Tuple[int, int]:
     """The tracker state and the last token's pair class after the tokens ``context`` (the text
     after a prompt's last special token), ``tracker`` and ``pairs`` being the ones of the
@@ -36,11 +41,12 @@ def _walk(vocab: Vocabulary, context: Tuple[int, ...]):
     from .language import LanguageSpec, compile_language
     from .tokens import TokenAutomaton
     text = vocab.decode(context)
-    if any(vocab.tokens[t] is None for t in context) or vocab.token_bytes(context) != text.encode("utf-8"):
+    spelled = vocab.token_bytes(context)  # the text, with what the tokenizer puts in front of it
+    if any(vocab.tokens[t] is None for t in context) or spelled not in (text.encode(), vocab.prepend + text.encode()):
         raise CompileError("the prompt's last tokens do not spell text that the tokenizer reads back as them",
-                           hint="use tokenization all")
-    pattern = "".join("\\" + c if c in _SPECIAL else c for c in text)
-    language = compile_language(LanguageSpec(pattern, max_states=max(DEFAULT_MAX_STATES, 4 * len(text) + 64)))
+                           hint="use tokenization all, prefix_tokenization all")
+    most = max(DEFAULT_MAX_STATES, 4 * len(text) + 64)
+    language = compile_language(LanguageSpec(literal_pattern(text), max_states=most))
     automaton = TokenAutomaton(language, vocab, "canonical", "canonical")
     state = automaton.start
     for tok in context:
@@ -49,10 +55,10 @@ def _walk(vocab: Vocabulary, context: Tuple[int, ...]):
         if not len(hit):
             raise CompileError(f"the prompt's text after its last special token ({text[-40:]!r}) is not tokenized "
                                f"as the tokenizer would: token {vocab.describe(tok)} cannot follow there",
-                               hint="use tokenization all")
+                               hint="use tokenization all, prefix_tokenization all")
         state = int(arcs.targets[hit[0]])
     _, tau, lam = automaton.unpack(state)
     return tau, lam, automaton.tracker
 
 
-__all__ = ["context_state"]
+__all__ = ["context_state", "literal_pattern"]

@@ -146,7 +146,8 @@ class TokenAutomaton:
             return self
         if self._twin is None:
             try:
-                twin = TokenAutomaton(self.language, self.vocabulary, "canonical", self.prefix_tokenization)
+                twin = TokenAutomaton(self.language, self.vocabulary, "canonical", self.prefix_tokenization,
+                                      self.context)
             except CompileError:
                 twin = None
             self._twin = (twin,)

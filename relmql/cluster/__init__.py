@@ -13,13 +13,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 import queue
 import threading
 from typing import Callable, Iterator, List, Optional
 
 from ..errors import Error
 from ..plan import DatasetPlan, ModelRef, QueryPlan, plan_row, selected_rows
+from ..rowcontext import portable_name
 from .pool import Job, Pool
 from .worker import Worker
 
@@ -164,9 +164,7 @@ def _actor_class():
 
 def _portable(ref: ModelRef) -> ModelRef:
     """``ref`` with a local model directory named by its absolute path (workers run elsewhere)."""
-    if os.path.isdir(ref.name) and not os.path.isabs(ref.name):
-        return dataclasses.replace(ref, name=os.path.abspath(ref.name))
-    return ref
+    return dataclasses.replace(ref, name=portable_name(ref.name))
 
 
 def _portable_plan(plan: QueryPlan) -> QueryPlan:
@@ -193,6 +191,7 @@ class Statement:
         self._job: Optional[Job] = None
         self.selected = None  # a dataset's data row of each unit
         self.rows_total = 0
+        self.row_ends: set = set()  # the units that end their data row (its last model's)
 
     def _make(self) -> Job:
         if self._job is None:
@@ -205,6 +204,8 @@ class Statement:
                         self.selected.append(data)  # each unit's data row (several units a row with FROM's list)
                         plans.append(one)
                 self.rows_total = len({id(d) for d in self.selected})
+                self.row_ends = {i for i in range(len(plans))  # a data row is done with its last unit
+                                 if i + 1 == len(plans) or self.selected[i + 1] is not self.selected[i]}
             else:
                 plans = list(_portable_plan(self.plan).per_model())
             self._job = self.pool.job(plans)
@@ -231,7 +232,9 @@ class Statement:
         stopped, empty, floors = [], [], []
         measured = set()
         current = regex = None
+        position = {id(u): i for i, u in enumerate(job.units)}
         for unit, rows, warnings, note, finished in job.read(cancel):
+            at = position[id(unit)]
             for line in warnings.splitlines():  # what the worker wrote on its stderr
                 say(line)
             if unit is not current:
@@ -250,7 +253,7 @@ class Statement:
                 continue
             if unit.error is not None:
                 if dataset and isinstance(unit.error, Error):  # as in-process: which data row
-                    raise in_data_row(unit.error, self.plan, self.selected[job.units.index(unit)].get("row_number"))
+                    raise in_data_row(unit.error, self.plan, self.selected[at].get("row_number"))
                 raise unit.error
             if dataset and unit.received == 0 and unit.mass is None:
                 yield RowEnv(unit.plan, None, None, regex, None, context)  # the row still counts, as in-process
@@ -269,10 +272,8 @@ class Statement:
                 stops.append(unit.stop)
                 if not dataset:
                     say(stop_warning(unit.stop))
-            if progress is not None and dataset:
-                at = job.units.index(unit)  # a data row is done with its last unit (its last model)
-                if at + 1 == len(self.selected) or self.selected[at + 1] is not self.selected[at]:
-                    progress(1)
+            if progress is not None and dataset and at in self.row_ends:
+                progress(1)
         if stopped and dataset:
             say(stopped_rows_warning(stopped, self.rows_total))
         if empty and dataset:

@@ -182,10 +182,8 @@ class Pool:
             job, first = self.queue[0]
             model = _model_of(job.units[first].plan)
             home = self.homes.get(model)
-            if home is not None and home < len(self.actors) and busy[home] < self.depth:
-                a = home  # one model a worker, where it has room: no second copy loads
-            else:
-                a = min(range(len(self.actors)), key=lambda i: (busy[i], i in self.homes.values()))
+            # the least busy worker; among equals the one that holds the model, else one that holds none
+            a = min(range(len(self.actors)), key=lambda i: (busy[i], i != home, i in self.homes.values()))
             if busy[a] >= self.depth:
                 return
             self.queue.popleft()

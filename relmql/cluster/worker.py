@@ -131,7 +131,7 @@ class Worker:
                 if seen <= skip:
                     continue
                 piece.rows.append((env.row, env.rank))
-                if env.context is not None:
+                if env.context is not None and not env.row.miss:
                     if seen == skip + 1:
                         piece.prompt = env.context.prompt
                     for ref in plan.under:  # scored here, where the models are: the driver loads none

@@ -154,6 +154,8 @@ class Sampler:
         self.twin = twin if twin is not None and opts.mode == "local" else None
         self._twin_starts: Dict[Tuple[int, ...], Optional[int]] = {}  # prefix path -> the twin's state after it
         self.context = getattr(model, "max_length", None) or sys.maxsize  # tokens the model reads at most
+        # a state's tokens begin with the start token, or a prompt's (which max_length counts as one)
+        self.start_extra = len(getattr(model, "start_tokens", (0,))) - 1
         self.rules, self.opts = rules.check(), opts.check()
         cap = batch_limit(self.rules, len(model.vocabulary), self.opts.max_memory)
         self.opts = opts = replace(self.opts, batch_size=min(self.opts.batch_size, cap))
@@ -275,7 +277,7 @@ class Sampler:
                                               -math.inf, -math.inf, 0, w.index + 1, 0.0, miss=True,
                                               context=self.model.context)
                 return False
-            if len(w.tokens) >= opts.max_tokens or len(w.state.tokens) >= self.context:
+            if len(w.tokens) >= opts.max_tokens or len(w.state.tokens) - self.start_extra >= self.context:
                 stats.too_long += 1
                 if stats.too_long >= TOO_LONG and not self.finished:
                     raise self.too_long()
@@ -392,7 +394,7 @@ class Sampler:
         if final and (len(toks) == 0 or opts.first_match) and not self.rules.eos:
             self.finish(w, edits)
             return "end", None
-        last = len(w.tokens) < opts.max_tokens and len(w.state.tokens) >= self.context
+        last = len(w.tokens) < opts.max_tokens and len(w.state.tokens) - self.start_extra >= self.context
         if len(w.tokens) >= opts.max_tokens or last:
             cause = "max_tokens" if len(w.tokens) >= opts.max_tokens else "context"
             if last and not self.rules.eos:

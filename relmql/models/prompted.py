@@ -95,8 +95,8 @@ class PromptedModel(LanguageModel):
         out: List[Optional[ModelState]] = [None] * len(states)
         todo = []
         for k, (s, new) in enumerate(zip(states, tokens)):
-            if s is None and not len(new):
-                out[k] = start
+            if s is None and not len(new):  # nothing read after the prompt: no token's probability
+                out[k] = ModelState(start.tokens, start.logprobs, np.empty(0), start.cache)
             else:
                 todo.append(k)
         if todo:

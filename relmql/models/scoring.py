@@ -20,20 +20,25 @@ def encode_after(vocab: Vocabulary, context: Sequence[int], text: str) -> Option
     return full[len(context):] if full[:len(context)] == context else None
 
 
-def reply_logprob(model: LanguageModel, prefix: str, completion: str, eos: bool) -> Optional[float]:
-    """The natural log of the probability ``model`` gives ``completion`` after ``prefix`` (each in its
-    canonical tokenization, the prefix after the model's prompt, if it has one, the completion
-    after the prefix as a query splits them), with the end token after it when ``eos``; None where
-    the reply has no canonical tokenization after the prompt."""
-    vocab = model.vocabulary
+def reply_tokens(vocab: Vocabulary, context: Sequence[int], prefix: str, completion: str
+                 ) -> Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]]:
+    """The tokens of ``prefix`` and ``completion`` as a query splits a reply: the prefix as it
+    follows ``context``, the completion as a text of its own after it (the completion follows the
+    context where the prefix is empty); None where the reply has no tokenization after the context.
+    For a tokenizer that puts nothing in front of a text (a tokenizer that does, such as
+    Llama 2's, is read through the automaton: ``relmql.rowcontext``)."""
     if prefix:
-        pre = encode_after(vocab, model.context, prefix)
+        pre = encode_after(vocab, context, prefix)
         comp = tuple(vocab.encode(completion)) if completion else ()
     else:
-        pre, comp = (), encode_after(vocab, model.context, completion)
-    if pre is None or comp is None:
-        return None
-    tokens = list(pre + comp)
+        pre, comp = (), encode_after(vocab, context, completion)
+    return None if pre is None or comp is None else (pre, comp)
+
+
+def reply_logprob(model: LanguageModel, pre: Sequence[int], comp: Sequence[int], eos: bool) -> float:
+    """The natural log of the probability ``model`` gives the tokens ``comp`` after ``pre`` (read
+    after the model's prompt, if it has one), with the end token after them when ``eos``."""
+    tokens = list(pre) + list(comp)
     if not tokens:
         state, lps = model.start(), []
     else:
@@ -45,4 +50,4 @@ def reply_logprob(model: LanguageModel, prefix: str, completion: str, eos: bool)
     return total
 
 
-__all__ = ["encode_after", "reply_logprob"]
+__all__ = ["encode_after", "reply_tokens", "reply_logprob"]

@@ -43,6 +43,15 @@ def plan_models(node: Optional[A.Node], opts: Mapping[str, Any], params: Mapping
     return tuple(ModelRef(name, opts["device"], opts["dtype"]) for name, _ in named)
 
 
+def several_models(node: Optional[A.Node], params: Mapping[str, Any]) -> bool:
+    """Whether FROM names several models (a list, or a parameter that holds one): the rows then
+    carry the column ``model``."""
+    if isinstance(node, A.Models):
+        return True
+    value = params.get(node.name) if isinstance(node, A.Param) else None
+    return isinstance(value, (list, tuple)) and len(value) > 1
+
+
 def under_models(outputs: Iterable[Any], where: Optional[A.Node], group_by: Iterable[A.Node],
                  opts: Mapping[str, Any], params: Mapping[str, Any], source: str) -> Tuple[ModelRef, ...]:
     """The models named by ``logprob_under()`` and ``prob_under()`` calls in the columns, WHERE and
@@ -84,4 +93,4 @@ def _checked(name: str, node: A.Node, source: str) -> str:
     return name
 
 
-__all__ = ["plan_models", "under_models", "under_name", "UNDER"]
+__all__ = ["plan_models", "several_models", "under_models", "under_name", "UNDER"]

@@ -18,7 +18,7 @@ from ..syntax import string_literal_at, unparse
 from ..syntax.regexes import compiled
 from .expr import (AGGREGATES, Env, check_calls, escape, evaluate, is_aggregate, is_probability, kind, truth,
                    weighs_cells)
-from .models import plan_models, under_models
+from .models import plan_models, several_models, under_models
 from .options import OPTIONS, PlanError, option, shown, whole_number
 from .prompt import plan_prompt
 
@@ -268,7 +268,7 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
     limit = _count(query.limit, params, source, "LIMIT") if query.limit is not None else None
 
     groups = _group_names(matching)
-    outputs, aggregate, group_by = _select(query, source, groups)
+    outputs, aggregate, group_by = _select(query, source, groups, len(models) > 1)
     where, exclude = _where(query, source, params, groups, opts)
     push = limit if where is None else None  # the traversal may stop at LIMIT only when no row is filtered out
     measured = next((n for o in outputs for n in o.expr.walk() if isinstance(n, A.Call) and n.name == "probability"),
@@ -393,9 +393,11 @@ def _check_columns(node: A.Node, source: str, known, extra=()) -> None:
                             hint=hint)
 
 
-def _select(query: A.Query, source: str, groups) -> Tuple[Tuple[Output, ...], bool, Tuple[A.Node, ...]]:
+def _select(query: A.Query, source: str, groups, several: bool = False
+            ) -> Tuple[Tuple[Output, ...], bool, Tuple[A.Node, ...]]:
+    """The output columns, whether they aggregate, and GROUP BY's expressions; ``several``: FROM
+    names several models (the default columns and ``*`` include ``model``)."""
     known = tuple(COLUMNS) + COMPUTED_COLUMNS + tuple(groups)
-    several = isinstance(query.model, A.Models)
     items: List[Output] = []
     for item in query.select:
         if isinstance(item.expr, A.Star):
@@ -598,7 +600,7 @@ def _plan_dataset(query: A.Query, source: str, settings, params) -> DatasetPlan:
                 groups = _group_names(_text(query.matching, {**params, **first}, source, "MATCHING"))
             except Error:
                 groups = ()
-    outputs, aggregate, group_by = _select(query, source, groups)
+    outputs, aggregate, group_by = _select(query, source, groups, several_models(query.model, params))
     draws = settings["test_draws"]
     for o in query.using:  # TEST applies to all data rows: its option is read once, not per row
         if o.name == "test_draws" and o.value is not None:
