@@ -60,7 +60,7 @@ class Result:
                  kinds: Optional[Sequence[str]] = None, test: Optional[TestPlan] = None,
                  start: Optional[Callable[[], None]] = None, stop: Optional[Callable[[], None]] = None,
                  streams: bool = False, probabilities: Sequence[str] = (), weights: Sequence[str] = (),
-                 grouped: bool = False):
+                 grouped: bool = False, judge: Optional[Callable[["Result"], Any]] = None):
         self.columns = tuple(columns)
         self.probabilities = frozenset(probabilities)  # columns that read a probability (chi2's weights)
         self.weights = tuple(weights)  # the columns that can weigh cells of grouped rows, as TEST takes them
@@ -81,6 +81,7 @@ class Result:
         self._t0: Optional[float] = None
         self.test_plan = test
         self._test: Optional[Chi2Result] = None
+        self._judge, self._verdict = judge, None
         self._start, self._stop = start, stop
         self.stops: List[Stop] = []
         self.notes: List[str] = []
@@ -269,6 +270,21 @@ class Result:
             raise Error(f"cannot test independence: {e}") from None
 
     @property
+    def expects(self) -> bool:
+        """Whether the statement has an EXPECT."""
+        return self._judge is not None
+
+    @property
+    def verdict(self):
+        """The ``relmql.verdict.Verdict`` of the statement's EXPECT (its rows are read for it; an
+        estimate that leaves it undecided draws more), or None without one."""
+        if self._judge is None:
+            return None
+        if self._verdict is None:
+            self._verdict = self._judge(self)
+        return self._verdict
+
+    @property
     def test(self) -> Optional[Chi2Result]:
         """The result of the statement's TEST clause (all rows are read for it), or None."""
         t = self.test_plan
@@ -442,6 +458,9 @@ class Connection:
             return self._query(st, text, params)
         if isinstance(st, A.Explain):
             from .engine import keeping
+            if st.query.expect is not None:
+                raise PlanError("EXPLAIN shows a plan; EXPECT judges the rows of a query that runs: leave out "
+                                "EXPLAIN (relmql test runs files of expectations)", st.query.expect.span, text)
             p = plan(st.query, text, self.settings, params)
             notes: List[str] = []  # the compiler's warnings, on the result
             lines = keeping(notes).run(self._explain, p).splitlines()
@@ -467,6 +486,14 @@ class Connection:
 
     def _query(self, st: A.Query, text: str, params) -> Result:
         p = plan(st, text, self.settings, params)
+        if p.expect is not None:
+            from .verdict.rounds import first_round
+            p, judge = first_round(p, self._result)
+            return self._result(p, judge)
+        return self._result(p)
+
+    def _result(self, p, judge=None) -> Result:
+        """The result of the plan ``p`` (``judge``: its EXPECT's, given the result)."""
         remote = self.cluster().statement(p) if self.settings["engine"] == "ray" else None
 
         def rows(result: Result) -> Iterator[tuple]:
@@ -508,7 +535,8 @@ class Connection:
                       test=p.test, start=remote.start if remote is not None else None,
                       stop=remote.cancel if remote is not None else None, streams=not p.aggregate,
                       probabilities=[o.name for o in p.outputs if is_probability(o.expr)],
-                      weights=[o.name for o in p.outputs if weighs_cells(o.expr)], grouped=p.aggregate)
+                      weights=[o.name for o in p.outputs if weighs_cells(o.expr)], grouped=p.aggregate,
+                      judge=judge)
 
     def _explain(self, p) -> str:
         from .explain import explain  # the engine, and torch, only when a plan is explained

@@ -12,7 +12,6 @@ import argparse
 import contextlib
 import gc
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -70,13 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _params(items: List[str]) -> Dict[str, str]:
-    out = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not re.fullmatch(r"\w+", name.strip()):
-            raise Error(f"--param takes NAME=VALUE, not {item!r}")
-        out[name.strip()] = value
-    return out
+    from .plan.options import command_params
+    return command_params(items)
 
 
 def _format(args, out: IO[str]) -> str:
@@ -95,6 +89,10 @@ def _format(args, out: IO[str]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["test"]:  # relmql test PATH...: verdicts and exit codes for CI
+        from .runner import main as test_main
+        return test_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -336,6 +334,8 @@ def _run_statements(con, text: str, name: str, params, fmt: str, out: IO[str], e
                           "--format jsonl writes rows that read as one stream", file=err)
                 if result.test_plan is not None:  # beside machine formats, on stderr
                     print(result.test.summary(), file=out if fmt == "table" else err)
+                if result.expects:
+                    print(result.verdict.line_text(), file=out if fmt == "table" else err)
                 if plot is not None and isinstance(st, A.Query) and result.kind == "rows":
                     plot(result, err)
                 if shell is not None and result.kind == "rows":

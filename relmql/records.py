@@ -374,6 +374,7 @@ class Measure:
     max_prefix_tokens: int = MAX_PREFIX_TOKENS
     confidence: float = DEFAULT_CONFIDENCE
     max_memory: int = DEFAULT_MAX_MEMORY
+    max_draws: Optional[int] = None  # an EXPECT's budget of draws over its rounds (default: 16 times ``samples``)
 
     def exact(self) -> ShortestPath:
         """The traversal that sums exactly (in order of total probability: the order does not

@@ -242,6 +242,17 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
 )}
 
 
+def command_params(items) -> Dict[str, str]:
+    """``--param NAME=VALUE`` arguments as parameters (each value a string)."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not re.fullmatch(r"\w+", name.strip()):
+            raise Error(f"--param takes NAME=VALUE, not {item!r}")
+        out[name.strip()] = value
+    return out
+
+
 def option(name: str, span=None, source=None) -> OptionSpec:
     """The option called ``name``, or an error naming the closest one."""
     spec = OPTIONS.get(name.lower())

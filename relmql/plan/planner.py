@@ -18,6 +18,7 @@ from ..syntax import string_literal_at, unparse
 from ..syntax.regexes import compiled
 from .expr import (AGGREGATES, Env, check_calls, escape, evaluate, is_aggregate, is_probability, kind, truth,
                    weighs_cells)
+from .expect import ExpectPlan, plan_expect
 from .models import plan_models, several_models, under_models
 from .options import OPTIONS, PlanError, option, shown, whole_number
 from .prompt import plan_prompt
@@ -93,6 +94,7 @@ class QueryPlan:
     prompt_span: Optional[Tuple[int, int]] = None
     models: Tuple[ModelRef, ...] = ()  # FROM's models where it names several: the query runs on each
     under: Tuple[ModelRef, ...] = ()  # the models logprob_under() and prob_under() score rows with
+    expect: Optional[ExpectPlan] = None
 
     @property
     def columns(self) -> Tuple[str, ...]:
@@ -172,6 +174,7 @@ class DatasetPlan:
     row_where: Optional[A.Node] = None
     row_limit: Optional[int] = None
     test: Optional[TestPlan] = None
+    expect: Optional[ExpectPlan] = None
 
     @property
     def columns(self) -> Tuple[str, ...]:
@@ -286,7 +289,8 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
                             else opts["estimate_samples"],
                             seed=opts["seed"], mode=opts["sampling"], max_tokens=opts["max_tokens"],
                             batch_size=opts["batch_size"], max_prefix_tokens=opts["max_prefix_tokens"],
-                            confidence=opts["confidence"], max_memory=opts["max_memory"])
+                            confidence=opts["confidence"], max_memory=opts["max_memory"],
+                            max_draws=opts["max_draws"])
         if traversal.samples < 1:
             raise PlanError("an estimate needs at least one sample", query.sample.span, source)
     elif query.sample is not None:
@@ -343,7 +347,8 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
                      option_spans=tuple((option(o.name).name, o.span) for o in query.using),
                      prompt=prompt, prompt_span=query.prompt.span if query.prompt is not None else None,
                      models=models if len(models) > 1 else (),
-                     under=under_models(outputs, where, group_by, opts, params, source))
+                     under=under_models(outputs, where, group_by, opts, params, source),
+                     expect=plan_expect(query.expect, [o.name for o in outputs], query.test is not None, source))
 
 
 def _options(query: A.Query, source: str, settings, params) -> Dict[str, Any]:
@@ -609,7 +614,8 @@ def _plan_dataset(query: A.Query, source: str, settings, params) -> DatasetPlan:
     return DatasetPlan(source=source, query=query, path=path, settings=tuple(settings.items()),
                        params=tuple(params.items()), outputs=outputs, aggregate=aggregate, group_by=group_by,
                        row_where=d.where, row_limit=row_limit,
-                       test=_test(query.test, outputs, aggregate, source, draws))
+                       test=_test(query.test, outputs, aggregate, source, draws),
+                       expect=plan_expect(query.expect, [o.name for o in outputs], query.test is not None, source))
 
 
 def iter_rows(path: str, source: str = "", span=None) -> Iterator[Dict[str, Any]]:

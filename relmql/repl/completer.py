@@ -21,14 +21,15 @@ __all__ = ["RelmqlCompleter", "scan"]
 
 # what may follow a complete clause, in the order people write them
 CLAUSES = ("SELECT", "FROM", "MATCHING", "PREFIX", "PROMPT", "WHERE", "USING", "ORDER BY", "SAMPLE", "GROUP BY", "LIMIT",
-           "FOR EACH ROW IN")
+           "EXPECT", "FOR EACH ROW IN")
 STATEMENTS = ("SELECT", "MATCHING", "EXPLAIN", "SET", "SHOW")
 SHOW_WHAT = ("MODELS", "OPTIONS", "FUNCTIONS")
 EXPR_KEYWORDS = ("NOT", "NULL", "TRUE", "FALSE")
 AFTER_OPERAND = {"SELECT": ("AS",), "WHERE": ("AND", "OR", "NOT", "IN", "IS", "MATCHES", "NOT MATCHING"),
+                 "EXPECT": ("AND", "OR", "AS"),
                  "FOR": ("WHERE", "LIMIT"), "GROUP": ()}
 ORDER_KEYS = ("prob", "total_prob")
-_CLAUSE_WORDS = {"SELECT", "FROM", "MATCHING", "PREFIX", "PROMPT", "WHERE", "USING", "ORDER", "SAMPLE", "GROUP", "LIMIT",
+_CLAUSE_WORDS = {"SELECT", "FROM", "MATCHING", "PREFIX", "PROMPT", "WHERE", "EXPECT", "USING", "ORDER", "SAMPLE", "GROUP", "LIMIT",
                  "SET", "SHOW", "EXPLAIN", "FOR"}
 _KEYWORDS = set(KEYWORDS)
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*\Z")
@@ -215,7 +216,7 @@ class RelmqlCompleter(Completer):
             if prev in ("ASC", "DESC"):
                 return self._keywords(clauses)
             return self._keywords(("DESC", "ASC") + clauses)
-        if clause in ("SELECT", "WHERE", "GROUP", "FOR"):
+        if clause in ("SELECT", "WHERE", "GROUP", "FOR", "EXPECT"):
             if self._after_operand(tokens):
                 more = AFTER_OPERAND[clause] if prev != "*" else ()
                 return self._keywords(more + (clauses if clause != "FOR" else ()))

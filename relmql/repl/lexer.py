@@ -22,7 +22,7 @@ __all__ = ["RelmqlLexer", "KEYWORDS"]
 
 KEYWORDS = ("SELECT", "FROM", "MATCHING", "MATCHES", "PREFIX", "PROMPT", "WHERE", "USING", "ORDER", "BY", "ASC", "DESC",
             "SAMPLE", "GROUP", "LIMIT", "AS", "AND", "OR", "NOT", "IN", "IS", "NULL", "TRUE", "FALSE", "EXPLAIN",
-            "SET", "TO", "SHOW", "FOR", "EACH", "ROW", "TEST", "OF")
+            "SET", "TO", "SHOW", "FOR", "EACH", "ROW", "TEST", "OF", "EXPECT")
 _CONSTANTS = ("NULL", "TRUE", "FALSE")
 
 

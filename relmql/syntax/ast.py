@@ -168,6 +168,15 @@ class Models(Node):
 
 
 @dataclass(frozen=True)
+class Expect(Node):
+    """``EXPECT condition [AS 'name']``: a condition every result row must meet."""
+
+    condition: Node
+    name: Optional[str] = None
+    span: Span = field(default=(0, 0), compare=False)
+
+
+@dataclass(frozen=True)
 class Dataset(Node):
     """``FOR EACH ROW IN source [WHERE condition] [LIMIT n]``."""
 
@@ -194,6 +203,7 @@ class Query(Node):
     limit: Optional[Node] = None
     dataset: Optional[Dataset] = None
     test: Optional[Test] = None
+    expect: Optional[Expect] = None
     span: Span = field(default=(0, 0), compare=False)
 
 

@@ -42,7 +42,7 @@ _TERMINALS = {
     "ADD_OP": "'+' or '-'", "MUL_OP": "'/' or '%'", "STAR": "'*'", "SEMICOLON": "';'", "COMMA": "','",
     "LPAR": "'('", "RPAR": "')'", "EQUAL": "'='", "$END": "the end",
 }
-_CLAUSES = ("SELECT", "FROM", "MATCHING", "PREFIX", "PROMPT", "WHERE", "USING", "ORDER", "SAMPLE", "GROUP", "LIMIT", "TEST")
+_CLAUSES = ("SELECT", "FROM", "MATCHING", "PREFIX", "PROMPT", "WHERE", "USING", "ORDER", "SAMPLE", "GROUP", "LIMIT", "TEST", "EXPECT")
 
 
 def _describe(expected) -> str:
@@ -211,7 +211,7 @@ _CLAUSE_FIELD = {"from_clause": "model", "matching_clause": "matching", "prefix_
                  "prompt_clause": "prompt",
                  "where_clause": "where", "using_clause": "using", "order_clause": "order",
                  "sample_clause": "sample", "group_clause": "group_by", "limit_clause": "limit",
-                 "test_clause": "test"}
+                 "test_clause": "test", "expect_clause": "expect"}
 
 
 @v_args(meta=True)
@@ -302,6 +302,10 @@ class _ToAst(Transformer_NonRecursive):
     def test_clause(self, meta, c):
         test = A.Test(str(c[1]).lower(), tuple(x for x in c[3:] if isinstance(x, A.Node)), _span(meta), _tspan(c[1]))
         return ("test_clause", test, _tspan(c[0]), "TEST")
+
+    def expect_clause(self, meta, c):
+        name = next((unquote(str(x)) for x in c[2:] if isinstance(x, Token) and x.type == "STRING"), None)
+        return ("expect_clause", A.Expect(c[1], name, _span(meta)), _tspan(c[0]), "EXPECT")
 
     def model_ref(self, meta, c):
         tok = c[0]

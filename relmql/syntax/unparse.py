@@ -11,7 +11,7 @@ _PRECEDENCE = {"OR": 1, "AND": 2, "NOT": 3, "=": 4, "<>": 4, "<": 4, ">": 4, "<=
                "MATCHES": 4, "IS": 4, "||": 5, "+": 6, "-": 6, "*": 7, "/": 7, "%": 7, "neg": 8}
 _KEYWORDS = {"select", "from", "matching", "matches", "prefix", "prompt", "where", "using", "order", "by", "asc", "desc",
              "sample", "group", "limit", "as", "and", "or", "not", "in", "is", "null", "true", "false", "explain",
-             "set", "to", "show", "for", "each", "row", "test", "of"}
+             "set", "to", "show", "for", "each", "row", "test", "of", "expect"}
 
 
 def quote(s: str) -> str:
@@ -125,6 +125,9 @@ def _query(node: A.Query) -> str:
         parts.append("LIMIT " + unparse(node.limit))
     if node.test is not None:
         parts.append(unparse(node.test))
+    if node.expect is not None:
+        e = node.expect
+        parts.append("EXPECT " + unparse(e.condition) + (f" AS {quote(e.name)}" if e.name is not None else ""))
     if node.dataset is not None:
         d = node.dataset
         text = "FOR EACH ROW IN " + unparse(d.source)
