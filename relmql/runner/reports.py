@@ -99,7 +99,8 @@ def to_markdown(verdicts: Sequence[Verdict], seconds: float, changes: Sequence[s
         for v in verdicts:
             rows.setdefault((v.file, v.name), {})[v.model or ""] = v
         for (file, name), by in rows.items():
-            cells = [f"{by[m].status} ({by[m].value or '-'})" if m in by else "" for m in models]
+            cells = [f"{by[m].status} ({by[m].value or by[m].message or '-'}; {by[m].seconds:.1f} s)" if m in by
+                     else "" for m in models]
             lines.append(f"| {_md(name)} | " + " | ".join(_md(c) for c in cells) + " |")
     else:
         lines += ["| verdict | expectation | measured | condition | rests on | time |", "|---|---|---|---|---|---:|"]
