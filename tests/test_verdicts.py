@@ -211,3 +211,12 @@ def test_the_shipped_suites_are_listed_and_plan(tmp_path, capsys):
     assert cli_main(["test", "--suite", "nosuch"]) == 2
     assert "no suite 'nosuch'" in capsys.readouterr().err
 
+
+
+def test_a_long_run_in_a_ci_log_notes_how_far_it_has_got(tmp_path, capsys, monkeypatch):
+    from relmql.output.progress import StatementProgress
+    monkeypatch.setattr(StatementProgress, "EVERY", 0.0)  # a note at every statement, not once a minute
+    files = [_write(tmp_path, f"f{i}.rql", FAILS) for i in range(2)]
+    assert cli_main(["test"] + [str(f) for f in files]) == 1
+    err = capsys.readouterr().err
+    assert "note: 2 of 4 statements run (50%)" in err and "left" in err

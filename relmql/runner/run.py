@@ -95,13 +95,18 @@ def main(argv: Optional[Sequence[str]] = None, out: IO[str] = None) -> int:
     started = time.perf_counter()
     verdicts: List[Verdict] = []
     cancelled = False
+    from ..output.progress import StatementProgress
+    progress = StatementProgress(sys.stderr, _isatty(out))  # in a CI log: a note a minute, with the time left
+    progress.add(len(models) * sum(_count(text) for _, text in texts))
     try:
         for model in models:
             for path, text in texts:
-                verdicts += run_file(path, text, model, params, args, out)
+                verdicts += run_file(path, text, model, params, args, out, progress)
     except KeyboardInterrupt:
         cancelled = True
         print("cancelled: the reports hold the expectations judged so far", file=sys.stderr)
+    finally:
+        progress.close()
     seconds = time.perf_counter() - started
     judged = [v for v in verdicts if v.status != "none"]
     if not judged and not cancelled:
@@ -117,6 +122,22 @@ def main(argv: Optional[Sequence[str]] = None, out: IO[str] = None) -> int:
     return EXIT_ERROR if t["error"] else EXIT_FAIL if t["fail"] or t["inconclusive"] else EXIT_PASS
 
 
+def _count(text: str) -> int:
+    """The statements of a file (1 for one that does not parse: its error is its one entry)."""
+    from ..syntax import parse
+    try:
+        return max(1, len(parse(text)))
+    except Error:
+        return 1
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 def _read(path: Path) -> str:
     from ..syntax import decode_script
     try:
@@ -125,7 +146,7 @@ def _read(path: Path) -> str:
         raise Error(f"cannot read {path}: {e.strerror or e}") from None
 
 
-def run_file(path: Path, text: str, model: Optional[str], params, args, out: IO[str]) -> List[Verdict]:
+def run_file(path: Path, text: str, model: Optional[str], params, args, out: IO[str], progress=None) -> List[Verdict]:
     """The verdicts of one file's expectations on ``model`` (statements without EXPECT run too);
     a statement that cannot run is an ``error`` verdict, and the file's later statements do not run."""
     import relmql
@@ -146,22 +167,24 @@ def run_file(path: Path, text: str, model: Optional[str], params, args, out: IO[
         line = text.count("\n", 0, st.span[0]) + 1
         expect = query.expect if query is not None else None
         label = (expect.name or "") if expect is not None else ""
+        verdict = None
         try:
             result = con._statement(st, text, params)
-            if not result.expects:
+            if result.expects:
+                verdict = result.verdict
+            else:
                 for _ in result:  # a statement without EXPECT runs all the same (a SET, a warm-up)
                     pass
-                continue
-            verdict = result.verdict
         except Error as e:
             verdict = Verdict("error", label or f"statement at line {line}", "",
                               message=e.render(name).splitlines()[0])
-            if expect is None:  # a statement the expectations after it may need: the file stops here
-                _tell(verdict, path, line, model, out)
-                verdicts.append(verdict)
-                break
-        _tell(verdict, path, line, model, out)
-        verdicts.append(verdict)
+        if progress is not None:
+            progress.step()
+        if verdict is not None:
+            _tell(verdict, path, line, model, out)
+            verdicts.append(verdict)
+            if verdict.status == "error" and expect is None:  # one the expectations after it may need:
+                break  # the file stops here
     return verdicts
 
 
