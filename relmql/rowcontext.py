@@ -30,21 +30,17 @@ class RowContext:
         if got is None:
             plan = self.plan
             ref = ModelRef(name, plan.model.device, plan.model.dtype)
+            if self.models is None:
+                raise Error(f"logprob_under({name!r}) needs models to score with", span, plan.source)
             try:
-                got = self.models(ref) if self.models is not None else None
+                got = self.models(ref)
+                if plan.prompt is not None:
+                    got = prompted(plan, got, name)
             except Error as e:
                 e.message = f"logprob_under({name!r}): {e.message}"
                 if e.span is None and span is not None:
                     e.span, e.source = span, plan.source
                 raise
-            if got is None:
-                raise Error(f"logprob_under({name!r}) needs models to score with", span, plan.source)
-            if plan.prompt is not None:
-                try:
-                    got = prompted(plan, got, name)
-                except Error as e:
-                    e.message = f"logprob_under({name!r}): {e.message}"
-                    raise
             self._loaded[name] = got
         return got
 
@@ -69,10 +65,8 @@ def _reply_tokens(model, prefix: str, completion: str):
     if not vocab.prepend:
         return reply_tokens(vocab, model.context, prefix, completion)
     from .automata import compile
-    from .automata.context import literal_pattern
-    text = prefix + completion
-    automaton = compile(literal_pattern(text), vocab, literal_pattern(prefix) if prefix else None,
-                        context=model.context)
+    from .syntax.regexes import escape
+    automaton = compile(escape(prefix + completion), vocab, escape(prefix) if prefix else None, context=model.context)
     for tokens, npre in automaton.paths():
         if vocab.decode(tokens[:npre]) == prefix or not prefix:
             return tuple(tokens[:npre]), tuple(tokens[npre:])

@@ -307,12 +307,12 @@ def test_a_reply_after_a_context_has_the_tokens_the_tokenizer_gives_both(request
     encoding of prompt + reply, and nothing where that encoding changes the prompt's tokens
     (byte-level BPE, Gemma's and Mistral's SentencePiece-style BPE with and without a leading space)."""
     from relmql.automata import compile
-    from relmql.automata.context import literal_pattern
+    from relmql.syntax.regexes import escape
     vocab = request.getfixturevalue(family)
     for prompt in ["The capital of France is", "assistant\n", "x", "Hello  ", "1"]:
         context = tuple(vocab.encode(prompt))
         for reply in [" Paris", "Paris", "\nParis", "\n\nParis", " ", "  x", "23", "é!", "Paris\n"]:
-            automaton = compile(literal_pattern(reply), vocab, context=context)
+            automaton = compile(escape(reply), vocab, context=context)
             got = [tokens for tokens, _ in automaton.paths()]
             full = tuple(vocab.encode(prompt + reply))
             want = [full[len(context):]] if full[:len(context)] == context else []

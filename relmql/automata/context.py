@@ -11,13 +11,7 @@ import numpy as np
 from ..errors import CompileError
 from ..models.vocab import Vocabulary
 from ..records import DEFAULT_MAX_STATES
-
-_SPECIAL = set(".^$*+?{}[]\\|()")
-
-
-def literal_pattern(text: str) -> str:
-    """A regex matching exactly ``text``."""
-    return "".join("\\" + c if c in _SPECIAL else c for c in text)
+from ..syntax.regexes import escape
 
 
 def context_state(vocab: Vocabulary, context: Tuple[int, ...], tracker, pairs) -> Tuple[int, int]:
@@ -46,7 +40,7 @@ def _walk(vocab: Vocabulary, context: Tuple[int, ...]):
         raise CompileError("the prompt's last tokens do not spell text that the tokenizer reads back as them",
                            hint="use tokenization all, prefix_tokenization all")
     most = max(DEFAULT_MAX_STATES, 4 * len(text) + 64)
-    language = compile_language(LanguageSpec(literal_pattern(text), max_states=most))
+    language = compile_language(LanguageSpec(escape(text), max_states=most))
     automaton = TokenAutomaton(language, vocab, "canonical", "canonical")
     state = automaton.start
     for tok in context:
@@ -61,4 +55,4 @@ def _walk(vocab: Vocabulary, context: Tuple[int, ...]):
     return tau, lam, automaton.tracker
 
 
-__all__ = ["context_state", "literal_pattern"]
+__all__ = ["context_state"]

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Tuple
 
+from ..models.scoring import encode_after
 from ..records import COLUMNS
 
 
@@ -58,10 +59,6 @@ def make_row(vocab, tokens, n_prefix: int, logprob: float, total_logprob: float,
     prefix = vocab.decode(tokens[:n_prefix])
     text = vocab.decode(tokens)
     completion = text[len(prefix):] if text.startswith(prefix) else vocab.decode(tokens[n_prefix:])
-    if context:
-        context = tuple(context)
-        canonical = tuple(vocab.encode(vocab.decode(context) + text)) == context + tokens
-    else:
-        canonical = tuple(vocab.encode(text)) == tokens
+    canonical = encode_after(vocab, context, text) == tokens
     return Row(text, prefix, completion, tokens, float(logprob), float(total_logprob), canonical, int(edits),
                rank, float(weight), n_prefix, miss)

@@ -155,7 +155,7 @@ class Sampler:
         self._twin_starts: Dict[Tuple[int, ...], Optional[int]] = {}  # prefix path -> the twin's state after it
         self.context = getattr(model, "max_length", None) or sys.maxsize  # tokens the model reads at most
         # a state's tokens begin with the start token, or a prompt's (which max_length counts as one)
-        self.start_extra = len(getattr(model, "start_tokens", (0,))) - 1
+        self.start_extra = len(model.start_tokens) - 1
         self.rules, self.opts = rules.check(), opts.check()
         cap = batch_limit(self.rules, len(model.vocabulary), self.opts.max_memory)
         self.opts = opts = replace(self.opts, batch_size=min(self.opts.batch_size, cap))

@@ -50,13 +50,9 @@ class Rendered:
         return text if len(text) <= width else text[:width - 3] + "..."
 
 
+@functools.lru_cache(maxsize=64)
 def render(prompt: Prompt, vocab: Vocabulary, name: str) -> Rendered:
     """The tokens of ``prompt`` for the model ``name`` over ``vocab`` (cached)."""
-    return _render(prompt, vocab, name)
-
-
-@functools.lru_cache(maxsize=64)
-def _render(prompt: Prompt, vocab: Vocabulary, name: str) -> Rendered:
     if not prompt.is_chat:
         body = tuple(vocab.encode(prompt.text)) if prompt.text else ()
         ids = (vocab.bos_id,) + body

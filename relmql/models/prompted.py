@@ -67,10 +67,6 @@ class PromptedModel(LanguageModel):
         return self.base.eos_id if eot is None else eot
 
     @property
-    def bos_id(self) -> int:
-        return self.base.bos_id
-
-    @property
     def start_tokens(self) -> Tuple[int, ...]:
         return self.rendered.ids
 
@@ -82,7 +78,7 @@ class PromptedModel(LanguageModel):
         """The state after the prompt (read once)."""
         with self._lock:
             if self._state is None:
-                self._state = prompt_state(self.base, tuple(self.rendered.ids))
+                self._state = prompt_state(self.base, self.rendered.ids)
             return self._state
 
     def set_cache_budget(self, nbytes: int) -> None:

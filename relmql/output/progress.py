@@ -21,7 +21,7 @@ class StatementProgress:
         self.total = self.done = 0
         self.t0 = self.noted = self.first = time.monotonic()
         self.bar = None
-        terminal = _isatty(err)
+        terminal = is_terminal(err)
         self.mode: Optional[str] = None if not enabled or (terminal and out_is_terminal) else \
             "bar" if terminal else "notes"
 
@@ -60,7 +60,8 @@ class StatementProgress:
             self.bar = None
 
 
-def _isatty(stream) -> bool:
+def is_terminal(stream) -> bool:
+    """Whether ``stream`` is a terminal (False for a stream without a file, or a closed one)."""
     try:
         return stream.isatty()
     except (AttributeError, ValueError):

@@ -21,17 +21,10 @@ from ..errors import RegexError
 from ..records import COLUMN_KINDS, COMPUTED_KINDS
 from ..syntax import ast as A
 from ..syntax.source import string_offsets
-from ..syntax.regexes import compiled
+from ..syntax.regexes import compiled, escape
 from ..syntax.unparse import quote
 from .options import PlanError, shown, whole_number
 
-_REGEX_SPECIAL = set(".^$*+?{}[]\\|()")
-
-
-def escape(s: str) -> str:
-    """``s`` as a regex matching exactly ``s`` (only the characters regexes treat specially are
-    escaped, so the pattern stays readable)."""
-    return "".join("\\" + c if c in _REGEX_SPECIAL else c for c in s)
 
 
 def _words(s: str, exclude=None) -> str:

@@ -87,7 +87,7 @@ def main(argv: Optional[Sequence[str]] = None, out: IO[str] = None) -> int:
                 check_writable(path, what)
         from ..plan.options import command_params
         params = command_params(args.param)
-        texts = [(f, _read(f)) for f in files]
+        texts = [(f, text, _parsed(text)) for f, text in ((f, _read(f)) for f in files)]
     except Error as e:
         print(e.render(), file=sys.stderr)
         return EXIT_ERROR
@@ -95,13 +95,13 @@ def main(argv: Optional[Sequence[str]] = None, out: IO[str] = None) -> int:
     started = time.perf_counter()
     verdicts: List[Verdict] = []
     cancelled = False
-    from ..output.progress import StatementProgress
-    progress = StatementProgress(sys.stderr, _isatty(out))  # in a CI log: a note a minute, with the time left
-    progress.add(len(models) * sum(_count(text) for _, text in texts))
+    from ..output.progress import StatementProgress, is_terminal
+    progress = StatementProgress(sys.stderr, is_terminal(out))  # in a CI log: a note a minute, with the time left
+    progress.add(len(models) * sum(len(st) if isinstance(st, list) else 1 for _, _, st in texts))
     try:
         for model in models:
-            for path, text in texts:
-                verdicts += run_file(path, text, model, params, args, out, progress)
+            for path, text, statements in texts:
+                verdicts += run_file(path, text, statements, model, params, args, out, progress)
     except KeyboardInterrupt:
         cancelled = True
         print("cancelled: the reports hold the expectations judged so far", file=sys.stderr)
@@ -122,20 +122,13 @@ def main(argv: Optional[Sequence[str]] = None, out: IO[str] = None) -> int:
     return EXIT_ERROR if t["error"] else EXIT_FAIL if t["fail"] or t["inconclusive"] else EXIT_PASS
 
 
-def _count(text: str) -> int:
-    """The statements of a file (1 for one that does not parse: its error is its one entry)."""
+def _parsed(text: str):
+    """A file's statements, or the syntax error that stops it (its one entry)."""
     from ..syntax import parse
     try:
-        return max(1, len(parse(text)))
-    except Error:
-        return 1
-
-
-def _isatty(stream) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
+        return parse(text)
+    except Error as e:
+        return e
 
 
 def _read(path: Path) -> str:
@@ -146,18 +139,17 @@ def _read(path: Path) -> str:
         raise Error(f"cannot read {path}: {e.strerror or e}") from None
 
 
-def run_file(path: Path, text: str, model: Optional[str], params, args, out: IO[str], progress=None) -> List[Verdict]:
-    """The verdicts of one file's expectations on ``model`` (statements without EXPECT run too);
-    a statement that cannot run is an ``error`` verdict, and the file's later statements do not run."""
+def run_file(path: Path, text: str, statements, model: Optional[str], params, args, out: IO[str],
+             progress=None) -> List[Verdict]:
+    """The verdicts of one file's expectations on ``model`` (``statements``: the file's, or its
+    syntax error); statements without EXPECT run too; a statement that cannot run is an ``error``
+    verdict, and where it has no EXPECT the file's later statements do not run."""
     import relmql
     from ..syntax import ast as A
-    from ..syntax import parse
     name = str(path)
-    try:
-        statements = parse(text)
-    except Error as e:
-        v = Verdict("error", f"{path.name} (syntax)", "", message=e.render(name).splitlines()[0], file=_shown(path),
-                    model=model)
+    if isinstance(statements, Error):
+        v = Verdict("error", f"{path.name} (syntax)", "", message=statements.render(name).splitlines()[0],
+                    file=_shown(path), model=model)
         print(v.line_text(), file=out)
         return [v]
     con = relmql.connect(model=model, device=args.device, dtype=args.dtype, progress=False)

@@ -9,6 +9,15 @@ import re
 import warnings
 from typing import Optional, Tuple
 
+_SPECIAL = set(".^$*+?{}[]\\|()")
+
+
+def escape(s: str) -> str:
+    """``s`` as a regex matching exactly ``s`` (only the characters regexes treat specially are
+    escaped, so the pattern stays readable)."""
+    return "".join("\\" + c if c in _SPECIAL else c for c in s)
+
+
 _POSIX = re.compile(r"\[([:=.])(\^?[A-Za-z]*)\1\]")
 _INSTEAD = {"alpha": "[a-zA-Z]", "digit": r"[0-9] or \d", "alnum": "[a-zA-Z0-9]", "space": r"\s",
             "upper": "[A-Z]", "lower": "[a-z]", "xdigit": "[0-9a-fA-F]", "word": r"\w", "blank": r"[ \t]",

@@ -7,7 +7,6 @@ import dataclasses
 import functools
 import hashlib
 import os
-import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Tuple
 
@@ -32,18 +31,8 @@ def first_round(plan, make_result: Callable[..., Any]) -> Tuple[Any, Callable[[A
                                    stream=f"{t.stream} round {k}".strip())
         return make_result(dataclasses.replace(plan, traversal=more))
 
-    def judged(result):
-        started = time.perf_counter()
-        estimated = bool(t.samples) and not t.exact_limit or _estimated(result)
-        verdict = judge(plan.expect, result, rerun if estimated else None, stated, t.samples, budget)
-        verdict.seconds = time.perf_counter() - started  # the query's first round too
-        return _judged(plan, verdict)
-    return first, judged
-
-
-def _estimated(result) -> bool:
-    """Whether any value of the result's rows is an estimate (not summed exactly)."""
-    return any(getattr(v, "exact", True) is False for row in result for v in row)
+    # only an estimate leaves a verdict undecided: a language summed exactly never calls rerun
+    return first, lambda result: _judged(plan, judge(plan.expect, result, rerun, stated, t.samples, budget))
 
 
 def _judged(plan, verdict):
@@ -54,7 +43,7 @@ def _judged(plan, verdict):
 def judged_on(plan) -> Dict[str, Any]:
     """What a verdict rests on: the models (name, a hash of their weights' files), dtype, device,
     decoding rules, seed, relmql's version."""
-    models = plan.models or (plan.model,) if hasattr(plan, "model") else ()
+    models = (plan.models or (plan.model,)) if hasattr(plan, "model") else ()  # a dataset's: in its rows
     t = getattr(plan, "traversal", None)
     decoding = getattr(plan, "decoding", None)
     return {"models": [{"name": m.name, "weights": weights_hash(m.name)} for m in models],
