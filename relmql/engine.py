@@ -681,6 +681,8 @@ class _Measured:
                 values.append(value)
             keyed.append((env, tuple(values)))
         self.prefix_keys = [i for i, b in enumerate(beyond) if not b]
+        # a group is all the strings after its prefix (what a bound of the language bounds)
+        self.whole = len(self.prefix_keys) == len(beyond) and getattr(plan, "where", None) is None
         self.classes: Dict[tuple, Env] = {}  # each prefix class -> its first row
         where: Dict[tuple, tuple] = {}  # (measurement, prefix path) -> (class, env)
         # (measurement, class, 0) -> prefix paths (exact); (measurement, class, stratum) -> draws (estimated)
@@ -713,7 +715,7 @@ class _Measured:
                 found.setdefault(id(env.mass), []).append((env.row.prob, env.row.weight, env.row.summed,
                                                            env.mass.stratum(env.row.rank)))
         return probability([(m, found.get(id(m), []), [self.units.get((id(m), c, h), 0) for h in range(m.strata)])
-                            for m in self.masses])
+                            for m in self.masses], bounded=self.whole)
 
     def _not_the_prefixs(self, plan: Plan, a: tuple, b: tuple) -> PlanError:
         (ca, ea), (cb, eb) = a, b

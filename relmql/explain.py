@@ -78,7 +78,9 @@ def _lines(plan: QueryPlan, automaton: TokenAutomaton, model: LanguageModel, dat
             f" (each string takes at least {need:,} completion tokens, and max_tokens is {t.max_tokens:,})"
             if need else "") if n is not None else
             (f"estimate: more than {t.exact_limit:,} token sequences" if t.exact_limit else "estimate")
-            + _canonical_apart(automaton, t, prefixes))
+            + _canonical_apart(automaton, t, prefixes) + (
+                f"; first the search's {t.bound_nodes:,} most probable nodes bound it for certain (and sum it "
+                "if they read it whole)" if t.bound_nodes and t.exact_limit and prefixes == 1 else ""))
         if plan.prefix:
             n = prefixes
             add("prefixes", f"{format_count(n)} token path{'s' if n != 1 else ''}; "

@@ -111,6 +111,7 @@ SEARCH_MAX_BATCH_SIZE = 128  # ... growing to this many while rows are far apart
 SAMPLE_BATCH_SIZE = 64  # draws per model call
 EXACT_LIMIT = 10_000  # token sequences that probability() sums exactly; more are estimated
 ESTIMATE_SAMPLES = 1000  # the draws behind an estimate of probability()
+BOUND_NODES = 256  # nodes the search reads to bound probability() before it is estimated
 
 
 class ExecutionError(Error):
@@ -361,7 +362,9 @@ class Measure:
     Summed exactly over every token sequence (``ShortestPath`` with ``first_match``) when the
     language is finite with at most ``exact_limit`` of them; otherwise estimated from
     ``samples`` independent draws of ``Sample`` with ``misses`` and ``first_match`` (``mode``
-    local: importance weights; exact: rejection), with intervals at ``confidence``.
+    local: importance weights; exact: rejection), with intervals at ``confidence``. Before it is
+    estimated, a language with one prefix path is bounded for certain by ``bound_nodes`` nodes of
+    the exact search (``execute.bounds``), and summed exactly where they exhaust it.
     """
 
     exact_limit: int = EXACT_LIMIT
@@ -375,6 +378,8 @@ class Measure:
     confidence: float = DEFAULT_CONFIDENCE
     max_memory: int = DEFAULT_MAX_MEMORY
     max_draws: Optional[int] = None  # an EXPECT's budget of draws over its rounds (default: 16 times ``samples``)
+    bound_nodes: int = BOUND_NODES  # before an estimate, the search's nodes that bound it for certain (0: none)
+    bound_only: bool = False  # the bound alone, no draws (an EXPECT's first look)
 
     def exact(self) -> ShortestPath:
         """The traversal that sums exactly (in order of total probability: the order does not
@@ -397,6 +402,8 @@ class Measure:
             raise ExecutionError(f"an estimate needs at least one sample, not {self.samples!r}")
         if not 0 < self.confidence < 1:
             raise ExecutionError(f"confidence must be between 0 and 1, not {self.confidence!r}")
+        if not (isinstance(self.bound_nodes, int) and self.bound_nodes >= 0):
+            raise ExecutionError(f"bound_nodes must be a whole number, not {self.bound_nodes!r}")
         return self
 
 

@@ -128,7 +128,8 @@ def _variance(hits: np.ndarray, draws: int) -> float:
     return max(0.0, (float(np.square(hits - mean).sum()) + (draws - len(hits)) * mean * mean) / (draws - 1))
 
 
-def probability(parts: Sequence[Tuple[Any, Sequence[Tuple[float, float, bool, int]], Sequence[int]]]) -> Estimate:
+def probability(parts: Sequence[Tuple[Any, Sequence[Tuple[float, float, bool, int]], Sequence[int]]],
+                bounded: bool = False) -> Estimate:
     """The probability of a group of strings, from each measurement that can produce it: parts
     are (mass, rows, units), where ``mass`` (an ``execute.measure.Mass``) tells how the
     measurement was made, ``rows`` are (prob, weight, summed, stratum) of the group's rows in
@@ -144,9 +145,16 @@ def probability(parts: Sequence[Tuple[Any, Sequence[Tuple[float, float, bool, in
     shifts the interval and does not widen it. Where the draws alternate between disjoint parts
     (the canonical tokenizations and the others), the value is the sum of the parts' means
     (``estimate_mean``). Several measurements (a dataset's rows) are averaged, their interval
-    half-widths combined in quadrature."""
+    half-widths combined in quadrature. ``bounded``: the group is the whole language of one
+    measurement, so that its certain bound (``mass.bound``) narrows the estimate's interval (and is
+    the value where no draw was made)."""
     values = []
     for mass, rows, strata in parts:
+        bound = getattr(mass, "bound", None)
+        if bound is not None and not mass.draws:  # the bound alone: certain, from below and above
+            low, high = (bound.low, bound.high) if bounded and len(parts) == 1 else (0.0, 1.0)
+            values.append(Estimate(low, low, high, exact=False, confidence=mass.confidence, method="bound"))
+            continue
         units = sum(strata)
         if units <= 0:
             continue
@@ -160,6 +168,8 @@ def probability(parts: Sequence[Tuple[Any, Sequence[Tuple[float, float, bool, in
         if known:
             e = Estimate(min(1.0, known + e), min(1.0, known + e.low), min(1.0, known + e.high), exact=False,
                          draws=e.draws, confidence=e.confidence, method=e.method)
+        if bound is not None and bounded and len(parts) == 1:
+            e = within_bound(e, bound)
         values.append(e)
     if len(values) == 1:
         return values[0]
@@ -173,6 +183,18 @@ def probability(parts: Sequence[Tuple[Any, Sequence[Tuple[float, float, bool, in
     up = math.sqrt(math.fsum((v.high - v) ** 2 for v in values)) / k
     return Estimate(value, max(0.0, value - down), min(1.0, value + up), exact=False,
                     draws=sum(v.draws for v in values), confidence=values[0].confidence, method="normal")
+
+
+def within_bound(e: Estimate, bound) -> Estimate:
+    """An estimate's interval narrowed by a certain bound (``execute.bounds.Bound``): it still holds
+    the value whenever the estimate's does (the bound alone where they do not meet; ``method``
+    then ``bound``, and ``<method>+bound`` where one end is the bound's)."""
+    low, high = bound.within(e.low, e.high)
+    if (low, high) == (e.low, e.high):
+        return e
+    method = "bound" if (low, high) == (bound.low, bound.high) else f"{e.method}+bound"
+    return Estimate(min(max(float(e), low), high), low, high, exact=False, draws=e.draws, confidence=e.confidence,
+                    method=method)
 
 
 def ci_bound(x, which: str):
@@ -218,6 +240,32 @@ class Chi2Result:
                      + (f": Fisher's exact test gives p = {format_p(self.fisher_p)}" if self.fisher_p is not None
                         else " (draw more, or merge rare values)"))
         return line
+
+
+def cramers_v_interval(test: Chi2Result, confidence: float = DEFAULT_CONFIDENCE) -> Estimate:
+    """Cramér's V of a table of counts drawn at random, with its interval at ``confidence``: the
+    noncentrality λ = n·V²·(k − 1) of χ²'s distribution where the statistic observed is its
+    1 − α/2 and α/2 point (the inversion of Steiger and Fouladi, 1997), λ = 0 where even
+    independence puts it lower. Unlike the p-value, V is a property of the model, which more
+    draws pin down."""
+    from scipy.optimize import brentq
+    from scipy.stats import chi2, ncx2
+    x, df, alpha = test.statistic, test.dof, 1 - confidence
+
+    def below(lam: float) -> float:  # P(χ²(df, λ) ≤ x)
+        return float(chi2.cdf(x, df) if lam <= 0 else ncx2.cdf(x, df, lam))
+
+    def solve(q: float) -> float:  # the λ at which P(χ²(df, λ) ≤ x) = q; it falls as λ grows
+        if below(0.0) <= q:
+            return 0.0
+        high = max(1.0, 2 * x)
+        while below(high) > q:
+            high *= 2
+        return brentq(lambda lam: below(lam) - q, 0.0, high, xtol=1e-12 * high)
+    scale = test.n * (min(len(test.table), len(test.table[0])) - 1)
+    low, high = (math.sqrt(solve(q) / scale) for q in (1 - alpha / 2, alpha / 2))
+    return Estimate(test.cramers_v, min(low, test.cramers_v), min(1.0, max(high, test.cramers_v)), exact=False,
+                    draws=int(test.n), confidence=confidence, method="noncentral chi2")
 
 
 def format_p(p: float) -> str:
@@ -322,5 +370,5 @@ def chi2_independence(rows: Sequence[Mapping[str, Any]], a: str, b: str, weight:
                       small, fisher_p)
 
 
-__all__ = ["Estimate", "wilson", "estimate_mean", "probability", "ci_bound", "chi2_independence", "contingency", "Chi2Result", "format_p",
+__all__ = ["Estimate", "wilson", "cramers_v_interval", "within_bound", "estimate_mean", "probability", "ci_bound", "chi2_independence", "contingency", "Chi2Result", "format_p",
            "sort_key", "DEFAULT_CONFIDENCE", "MAX_TEST_DRAWS"]

@@ -442,9 +442,13 @@ def test_rejection_estimates_are_binomial_with_wilson_intervals(con):
 
 
 def test_an_infinite_language_is_estimated(con):
-    p = con.sql("SELECT probability() MATCHING 'The (cat|dog)+' PREFIX 'The' USING max_tokens 8, "
-                     "estimate_samples 50").fetchone()[0]
+    q = ("SELECT probability() MATCHING 'The (cat|dog)+' PREFIX 'The' USING max_tokens 8, estimate_samples 50, "
+         "bound_nodes {}")
+    p = con.sql(q.format(0)).fetchone()[0]
     assert not p.exact and p.draws == 50 and 0 <= p.low <= p <= p.high <= 1
+    # a generation that begins with "The cat" has begun with a string of it: the search sums those
+    summed = con.sql(q.format(256)).fetchone()[0]
+    assert summed.exact and p.low <= summed <= p.high
 
 
 def test_groups_of_an_estimate_share_its_draws(con):
@@ -733,15 +737,18 @@ def test_a_summed_canonical_tokenization_that_another_tokenization_begins_is_lef
     ((every,),) = con.sql(q).fetchall()
     assert every.exact
     automaton = compile("a\n\n1?", tiny.vocabulary, None, CompileOptions(tokenization="all"))
-    mass, rows = measure(automaton, tiny, Decoding(), Measure(exact_limit=2, samples=50))
+    mass, rows = measure(automaton, tiny, Decoding(), Measure(exact_limit=2, samples=50, bound_nodes=0))
     rows = list(rows)
     summed = [r.tokens for r in rows if r.summed]
     canonical = {tuple(tiny.vocabulary.encode(t)) for t in ("a\n\n", "a\n\n1")}
     assert not mass.exact and summed == [(64, 628)] and set(summed) < canonical
     assert (64, 198, 198, 16) in canonical and (64, 198, 198, 16) not in exact_rows
     assert {r.tokens for r in rows if not r.summed and not r.miss} <= exact_rows - set(summed)
-    ((e,),) = con.sql(q + ", exact_limit 2, estimate_samples 50").fetchall()
+    ((e,),) = con.sql(q + ", exact_limit 2, estimate_samples 50, bound_nodes 0").fetchall()
     assert not e.exact and e == pytest.approx(every, rel=1e-5)
+    # the search reads its two events whole (the exact measure's two rows): it sums them
+    ((s,),) = con.sql(q + ", exact_limit 2, estimate_samples 50").fetchall()
+    assert s.exact and s == pytest.approx(every, rel=1e-6)
 
 
 def test_an_estimate_below_its_strings_canonical_probability_is_warned_about(gemma, con, tmp_path, monkeypatch):
@@ -758,9 +765,14 @@ def test_an_estimate_below_its_strings_canonical_probability_is_warned_about(gem
     s.models.put("gemma3-270m", "cpu", "float32", gemma)
     query = "SELECT probability() AS p MATCHING ' Hello (world|there)'"
     ((exact,),) = s.sql(query).fetchall()
-    r = s.sql(query + " USING tokenization all, estimate_samples 100, exact_limit 1")
+    r = s.sql(query + " USING tokenization all, estimate_samples 100, exact_limit 1, bound_nodes 0")
     ((p,),) = r.fetchall()
     assert not p.exact and p.high < exact / 1000
+    # the search's certain bound (by default) shows what the draws missed, and nothing needs saying
+    b = s.sql(query + " USING tokenization all, estimate_samples 100, exact_limit 1")
+    ((q,),) = b.fetchall()
+    assert q.method == "bound" and q.low >= exact * (1 - 1e-5) and q.high < exact * 1.01
+    assert not [n for n in b.notes if "at least" in n]
     (warning,) = [n for n in r.notes if n.startswith("warning: probability() is at least")]
     floor = float(warning.split()[5])
     assert floor == pytest.approx(exact, rel=1e-3) and "tokenization canonical" in warning
@@ -779,7 +791,7 @@ def test_an_estimate_below_its_strings_canonical_probability_is_warned_about(gem
     from relmql.cluster.worker import Worker
     from relmql.plan import plan
     from relmql.syntax import parse
-    text = query + " USING tokenization all, estimate_samples 100, exact_limit 1"
+    text = query + " USING tokenization all, estimate_samples 100, exact_limit 1, bound_nodes 0"
     threads = torch.get_num_threads()
     try:
         worker = Worker(threads=threads)

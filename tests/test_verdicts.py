@@ -207,7 +207,10 @@ def test_the_shipped_suites_are_listed_and_plan(tmp_path, capsys):
         assert name in listed and what
         text = path.read_text()
         statements = parse(text)
-        assert statements and all(plan(st, text, defaults()).expect is not None for st in statements)
+        data = tmp_path / "passages.jsonl"  # the one suite whose data is not shipped: named by a parameter
+        data.write_text('{"text": "It was a long day"}\n', encoding="utf-8")
+        params = {"lambada": str(data)}
+        assert statements and all(plan(st, text, defaults(), params).expect is not None for st in statements)
     assert cli_main(["test", "--suite", "nosuch"]) == 2
     assert "no suite 'nosuch'" in capsys.readouterr().err
 
@@ -220,3 +223,58 @@ def test_a_long_run_in_a_ci_log_notes_how_far_it_has_got(tmp_path, capsys, monke
     assert cli_main(["test"] + [str(f) for f in files]) == 1
     err = capsys.readouterr().err
     assert "note: 2 of 4 statements run (50%)" in err and "left" in err
+    assert "the last: f0.rql:2" in err  # where it stands: the statement (and, with --model, the model)
+
+
+def test_cramers_v_intervals_cover_a_known_association_at_their_level():
+    """Tables of counts drawn from a known distribution (2 × 3, V = 0.15) with 300 seeds: the interval
+    at 90% holds the true V about 90% of the time (within the binomial's 99.9% band)."""
+    import numpy as np
+    from relmql.stats import chi2_independence, cramers_v_interval
+    pi = np.array([[0.20, 0.17, 0.13], [0.13, 0.17, 0.20]])
+    rows_p, cols_p = pi.sum(1, keepdims=True), pi.sum(0, keepdims=True)
+    true_v = np.sqrt(((pi - rows_p * cols_p) ** 2 / (rows_p * cols_p)).sum() / (min(pi.shape) - 1))
+    rng = np.random.default_rng(7)
+    covered = 0
+    for _ in range(300):
+        counts = rng.multinomial(800, pi.ravel()).reshape(pi.shape)
+        rows = [{"a": i, "b": j} for i in range(2) for j in range(3) for _ in range(counts[i, j])]
+        v = cramers_v_interval(chi2_independence(rows, "a", "b"), 0.9)
+        covered += v.low <= true_v <= v.high
+    low, high = sstats.binom.ppf([0.0005, 0.9995], 300, 0.9)
+    assert low <= covered <= high
+
+
+def test_cramers_v_of_drawn_counts_is_judged_on_its_interval(smolcon):
+    q = ("SELECT gender, field, count(*) AS n MATCHING 'The (?P<gender>man|woman) was trained in "
+         "(?P<field>art|science|math)' PREFIX 'The (man|woman) was trained in' USING seed 3 SAMPLE 400 "
+         "GROUP BY gender, field TEST INDEPENDENCE OF gender, field EXPECT cramers_v < {}")
+    strong = smolcon.sql(q.format(0.9)).verdict
+    assert (strong.status, strong.kind) == ("pass", "estimate") and strong.interval[1] < 0.9
+    assert strong.interval[0] <= strong.measured <= strong.interval[1] and strong.rounds == 1
+    none = smolcon.sql(q.format(0.001)).verdict  # the model's fields differ by gender: V is far from 0
+    assert none.status == "fail" and none.interval[0] >= 0.001
+
+
+def test_the_lambada_suite_reads_its_data_from_a_parameter(tmp_path, capsys, smolcon):
+    passages = ["Tom played the piano every night. His neighbours did not mind, because Tom played the piano",
+                "The sun rose slowly over the quiet hills. It was the start of a new day",
+                "She poured the milk into a bowl and called the cat. The hungry little cat ran to the bowl"]
+    data = tmp_path / "passages.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in passages), encoding="utf-8")
+    report = tmp_path / "run.json"
+    code = cli_main(["test", "--suite", "lambada", "-p", f"lambada={data}", "--model", "smollm2-135m",
+                     "--json", str(report)])
+    (v,) = json.loads(report.read_text())["verdicts"]
+    # each passage alone: its most probable last word, as the suite's query finds it row by row
+    right = 0
+    for t in passages:
+        body, last = t.rsplit(" ", 1)
+        rows = smolcon.sql("SELECT group(1) MATCHING escape(:p) || ' ([a-zA-Z]+)(\\.|!|\\?)?(\")?' "
+                           "PREFIX escape(:p) USING topk 1000, tokenization all LIMIT 1", params={"p": body}).fetchall()
+        right += bool(rows) and rows[0][0] == last
+    assert v["measured"] == pytest.approx(right / 3) and v["status"] == ("pass" if right / 3 >= 0.15 else "fail")
+    assert code == (0 if v["status"] == "pass" else 1)
+    capsys.readouterr()
+    assert cli_main(["test", "--suite", "lambada", "--model", "smollm2-135m"]) == 2  # no data named
+    assert "lambada" in capsys.readouterr().out

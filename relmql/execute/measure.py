@@ -51,6 +51,7 @@ from ..automata.bytedfa import SPLIT_COL
 from ..automata.tokens import TokenAutomaton
 from ..models.base import LanguageModel
 from ..records import Decoding, Measure
+from .bounds import Bound, bound_search
 from .rows import Row
 from .sampling import SampleStats, sample
 from .shortest import NO_ROW, SearchStats, shortest_path
@@ -62,7 +63,8 @@ class Mass:
     row's ``prob`` counts once, and one row that only counts per prefix path) or from ``draws``
     independent samples, one row each, a hit standing for its ``weight`` (``binary``: every
     weight is 1), and beside them, where the canonical part is summed, rows with ``summed`` set
-    whose ``prob`` counts once. ``prefixes``: the prefix's token paths."""
+    whose ``prob`` counts once. ``prefixes``: the prefix's token paths. ``bound``: where the
+    search bounded the value first (no draws at all with ``Measure.bound_only``)."""
 
     exact: bool
     draws: int = 0
@@ -70,6 +72,7 @@ class Mass:
     binary: bool = False
     confidence: float = 0.95
     sequences: Optional[int] = None  # token sequences in the language, where counted
+    bound: Optional[Bound] = None  # where the search bounded it first, for certain (``execute.bounds``)
     strata: int = 1  # draws that measure disjoint parts: draw i (rank i + 1) part i % strata, the value their sum
 
     def stratum(self, rank: int) -> int:
@@ -107,10 +110,25 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
         mass = Mass(True, prefixes=prefixes, confidence=opts.confidence, sequences=n)
         return mass, _chain(prefix_rows(automaton, opts.max_prefix_tokens, reps),
                             shortest_path(automaton, model, rules, opts.exact(), cancel, stats))
+    bound = None
+    # the most probable strings first: a bound for certain, or the sum (exact_limit 0, as with SAMPLE n: draws alone)
+    if opts.bound_nodes and opts.exact_limit and prefixes == 1:
+        searched = SearchStats(watch=stats.watch if stats is not None else None)
+        found, bound = bound_search(automaton, model, rules, opts, cancel, searched)
+        if bound.exhausted:
+            if stats is not None:
+                stats.expanded, stats.rows, stats.cut, stats.no_row = (searched.expanded, searched.rows,
+                                                                       searched.cut, searched.no_row)
+            mass = Mass(True, prefixes=prefixes, confidence=opts.confidence, sequences=len(found))
+            return mass, _chain(prefix_rows(automaton, opts.max_prefix_tokens, reps), found)
+        if opts.bound_only:
+            return Mass(False, 0, prefixes, confidence=opts.confidence, bound=bound), prefix_rows(
+                automaton, opts.max_prefix_tokens, reps)
     twin, count = canonical_part(automaton, opts, prefixes) or (None, None)
     summed = twin if count is not None else None  # the canonical tokenizations summed, else drawn half the time
     halves = twin is not None and count is None
-    mass = Mass(False, opts.samples, prefixes, opts.mode == "exact", opts.confidence, strata=2 if halves else 1)
+    mass = Mass(False, opts.samples, prefixes, opts.mode == "exact", opts.confidence, strata=2 if halves else 1,
+                bound=bound)
     drawn = SampleStats()
     draws = sample(automaton, model, rules, opts.estimate(), cancel, drawn, twin=twin if halves else None)
     # local draws over every tokenization can miss the few that carry the probability (Gemma 3
@@ -145,7 +163,8 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
             mean = total / n
             high = mean + 4 * math.sqrt(max(0.0, squares / n - mean ** 2) / (n - 1))
             floor = canonical_floor(automaton, model, hits)
-            if floor > max(high, mean * 1.001):
+            # (where the draws' interval misses the search's bound, the bound is shown: the floor is within it)
+            if floor > max(high, mean * 1.001) and (bound is None or high >= bound.low):
                 stats.floor = floor
     return mass, rows()
 

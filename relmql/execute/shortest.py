@@ -195,6 +195,11 @@ class ShortestPathSearch:
         self._finals: dict = {}     # state -> automaton.final_edits(state)
         self._continues: dict = {}  # state -> whether a token can follow it
         self._cut: dict = {c: [] for c in NO_ROW}  # the states of the first CUT nodes cut short, by cause
+        # with first_match (probability()): the completion probability, summed over prefix paths, known
+        # to fall outside the language within the bounds (``execute.bounds``); the language's
+        # probability is at most (prefix paths) - lost at every point of the search
+        self.lost = 0.0
+        self._starts: dict = {}  # state -> whether a prefix path ends there (a completion may start)
 
     def rows(self, cancel: Optional[threading.Event] = None) -> Iterator[Row]:
         """The rows in order, until the language is exhausted, the limit is reached or a bound
@@ -408,7 +413,8 @@ class ShortestPathSearch:
                 self.cut("max_prefix_tokens", [state])
             return False
         if self.stops(state):
-            return automaton.arcs(state).n_prefix > 0 and node.npre < opts.max_prefix_tokens
+            # (a completion read no prefix token after it: its arcs, costly in a wide language, are not read)
+            return not node.ncomp and node.npre < opts.max_prefix_tokens and automaton.arcs(state).n_prefix > 0
         got = self._continues.get(state)
         if got is None:
             # rules that keep a few tokens read a new state's arcs for those alone (arcs_of)
@@ -461,6 +467,8 @@ class ShortestPathSearch:
         if step is None:
             if not (whole and self.past_context(node)) and self.expandable(node):
                 self.batch.append(([node], 0))
+            elif self.opts.first_match and not (not self.rules.eos and self.final_edits(node.state) >= 0):
+                self.lose(node, 1.0)  # neither a string nor read on: outside the language within the bounds
             return
         chain = [node]
         while step is not None:
@@ -471,6 +479,21 @@ class ShortestPathSearch:
             return
         if len(chain) > 1 or self.expandable(node):
             self.batch.append((chain, 0))  # a chain is read even to its end, for its probabilities
+
+    def completes(self, node: _Node) -> bool:
+        """Whether ``node`` carries completion probability: a completion token read, or a prefix path
+        ending at it."""
+        if node.ncomp:
+            return True
+        got = self._starts.get(node.state)
+        if got is None:
+            got = self._starts[node.state] = bool(self.automaton._ends_here(node.state, True))
+        return got
+
+    def lose(self, node: _Node, share: float) -> None:
+        """``share`` of ``node``'s completion probability is known to fall outside the language."""
+        if self.completes(node):
+            self.lost += math.exp(node.cond) * share
 
     def prefix_child(self, parent: _Node, token: int, state: int) -> _Node:
         """A child on a prefix token, its probability to be read with the chain it ends."""
@@ -573,6 +596,15 @@ class ShortestPathSearch:
             out["tier"], out["val"] = tier[at], val[at]
             return out
 
+        if opts.first_match:  # what each node's kept completion tokens (and its end of text) leave out
+            comp = ~pre_k
+            share = np.bincount(r[comp], weights=np.exp(rule_all[kept[comp]]), minlength=len(batch))
+            for b in np.flatnonzero(fresh).tolist():
+                node = nodes[b]
+                if self.stops(node.state):  # a string: its probability is a result's
+                    continue
+                ends = rules.eos and self.final_edits(node.state) >= 0 and eos_rule[b] > -math.inf
+                self.lose(node, 1.0 - share[b] - (math.exp(eos_rule[b]) if ends else 0.0))
         starts = first + chunks  # where each node's stored children begin
         if one_sort:  # one sort for the batch: by node, then key (stable: ties keep arc order)
             kids = kid_array(np.lexsort((val, tier, r)))

@@ -21,6 +21,7 @@ class StatementProgress:
         self.total = self.done = 0
         self.t0 = self.noted = self.first = time.monotonic()
         self.bar = None
+        self.where = ""  # the statement running (and its model), as ``at`` said
         terminal = is_terminal(err)
         self.mode: Optional[str] = None if not enabled or (terminal and out_is_terminal) else \
             "bar" if terminal else "notes"
@@ -32,6 +33,12 @@ class StatementProgress:
             self.bar.total = self.total
             self.bar.refresh()
 
+    def at(self, where: str) -> None:
+        """The statement now running, as a bar's label and a note's last words (``[model] file:line``)."""
+        self.where = where
+        if self.bar is not None:
+            self.bar.set_description_str(where)
+
     def step(self) -> None:
         """One more statement has run."""
         self.done += 1
@@ -41,7 +48,7 @@ class StatementProgress:
             if self.bar is None:
                 from tqdm import tqdm
                 self.bar = tqdm(file=self.err, total=self.total, initial=self.done - 1, delay=self.DELAY,
-                                unit="statement", leave=False, dynamic_ncols=True, desc="statements")
+                                unit="statement", leave=False, dynamic_ncols=True, desc=self.where or "statements")
             self.bar.update(1)
             return
         now = time.monotonic()
@@ -51,7 +58,8 @@ class StatementProgress:
             self.noted = now
             left = (now - self.first) / (self.done - 1) * (self.total - self.done)
             self.err.write(f"note: {self.done:,} of {self.total:,} statements run ({self.done / self.total:.0%}) in "
-                           f"{_duration(now - self.t0)}; about {_duration(left)} left\n")
+                           f"{_duration(now - self.t0)}; about {_duration(left)} left"
+                           + (f"; the last: {self.where}" if self.where else "") + "\n")
             self.err.flush()
 
     def close(self) -> None:

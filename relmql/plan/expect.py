@@ -23,6 +23,7 @@ class ExpectPlan:
     condition: A.Node
     name: str
     span: Tuple[int, int] = (0, 0)
+    confidence: float = 0.95  # the stated level of the intervals a verdict rests on (USING confidence)
 
     @property
     def text(self) -> str:
@@ -30,7 +31,7 @@ class ExpectPlan:
 
 
 def plan_expect(expect: Optional[A.Expect], columns: Sequence[str], has_test: bool,
-                source: str) -> Optional[ExpectPlan]:
+                source: str, confidence: float = 0.95) -> Optional[ExpectPlan]:
     """The ``ExpectPlan`` of EXPECT (None without one), its columns checked against the query's."""
     if expect is None:
         return None
@@ -49,7 +50,7 @@ def plan_expect(expect: Optional[A.Expect], columns: Sequence[str], has_test: bo
                         cond.span, source)
     if expect.name is not None and not expect.name.strip():
         raise PlanError("EXPECT ... AS names the expectation: the name is empty", expect.span, source)
-    return ExpectPlan(cond, expect.name if expect.name is not None else unparse(cond), expect.span)
+    return ExpectPlan(cond, expect.name if expect.name is not None else unparse(cond), expect.span, confidence)
 
 
 __all__ = ["ExpectPlan", "plan_expect", "TEST_COLUMNS"]

@@ -14,8 +14,9 @@ from ..syntax import ast as A
 from ..syntax.unparse import unparse
 from ..memory import DEFAULT_MAX_MEMORY, format_size, parse_size
 from ..models import DEFAULT_MODEL, check_model_name
-from ..records import (DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_MAX_STATES, DTYPES, EDIT_SCOPES, ESTIMATE_SAMPLES,
-                       EXACT_LIMIT, MAX_EDITS, MAX_NODES_PER_ROW, MAX_PREFIX_TOKENS, MAX_TOKENS, SAMPLE_BATCH_SIZE,
+from ..records import (BOUND_NODES, DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_MAX_STATES, DTYPES, EDIT_SCOPES,
+                       ESTIMATE_SAMPLES, EXACT_LIMIT, MAX_EDITS, MAX_NODES_PER_ROW, MAX_PREFIX_TOKENS, MAX_TOKENS,
+                       SAMPLE_BATCH_SIZE,
                        SAMPLING_MODES, SEARCH_BATCH_SIZE, SEARCH_MAX_BATCH_SIZE, TOKENIZATIONS, CompileOptions, Decoding,
                        Sample)
 from ..stats import DEFAULT_CONFIDENCE, MAX_TEST_DRAWS
@@ -210,6 +211,10 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
     OptionSpec("exact_limit", "int", EXACT_LIMIT, "traversal",
                "probability(): sum exactly over languages of at most this many token sequences; estimate "
                "larger ones by sampling", low=0),
+    OptionSpec("bound_nodes", "int", BOUND_NODES, "traversal",
+               "probability(): before estimating, nodes of the exact search whose strings found and whose "
+               "ruled-out probability bound the value for certain, and sum it where they read it whole (0, or "
+               "exact_limit 0: draws alone)", low=0),
     OptionSpec("estimate_samples", "int", ESTIMATE_SAMPLES, "traversal",
                "probability(): the draws behind an estimate (SAMPLE n sets them and always estimates)", low=1),
     OptionSpec("confidence", "float", DEFAULT_CONFIDENCE, "traversal",

@@ -290,7 +290,10 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
                             seed=opts["seed"], mode=opts["sampling"], max_tokens=opts["max_tokens"],
                             batch_size=opts["batch_size"], max_prefix_tokens=opts["max_prefix_tokens"],
                             confidence=opts["confidence"], max_memory=opts["max_memory"],
-                            max_draws=opts["max_draws"])
+                            max_draws=opts["max_draws"],
+                            # the bound is of the whole language: of no use to groups, filtered rows, a model of several
+                            bound_nodes=opts["bound_nodes"] if not (group_by or where is not None or len(models) > 1)
+                            else 0)
         if traversal.samples < 1:
             raise PlanError("an estimate needs at least one sample", query.sample.span, source)
     elif query.sample is not None:
@@ -348,7 +351,8 @@ def _plan_query(query: A.Query, source: str, settings, params) -> QueryPlan:
                      prompt=prompt, prompt_span=query.prompt.span if query.prompt is not None else None,
                      models=models if len(models) > 1 else (),
                      under=under_models(outputs, where, group_by, opts, params, source),
-                     expect=plan_expect(query.expect, [o.name for o in outputs], query.test is not None, source))
+                     expect=plan_expect(query.expect, [o.name for o in outputs], query.test is not None, source,
+                                            opts["confidence"]))
 
 
 def _options(query: A.Query, source: str, settings, params) -> Dict[str, Any]:
@@ -606,16 +610,20 @@ def _plan_dataset(query: A.Query, source: str, settings, params) -> DatasetPlan:
             except Error:
                 groups = ()
     outputs, aggregate, group_by = _select(query, source, groups, several_models(query.model, params))
-    draws = settings["test_draws"]
+    draws, confidence = settings["test_draws"], settings["confidence"]
     for o in query.using:  # TEST applies to all data rows: its option is read once, not per row
         if o.name == "test_draws" and o.value is not None:
             draws = option("test_draws").check(constant(o.value, params, source, "USING test_draws"), o.value.span,
                                                source)
+        if o.name == "confidence" and o.value is not None:
+            confidence = option("confidence").check(constant(o.value, params, source, "USING confidence"),
+                                                    o.value.span, source)
     return DatasetPlan(source=source, query=query, path=path, settings=tuple(settings.items()),
                        params=tuple(params.items()), outputs=outputs, aggregate=aggregate, group_by=group_by,
                        row_where=d.where, row_limit=row_limit,
                        test=_test(query.test, outputs, aggregate, source, draws),
-                       expect=plan_expect(query.expect, [o.name for o in outputs], query.test is not None, source))
+                       expect=plan_expect(query.expect, [o.name for o in outputs], query.test is not None, source,
+                                            confidence))
 
 
 def iter_rows(path: str, source: str = "", span=None) -> Iterator[Dict[str, Any]]:
@@ -706,6 +714,8 @@ def plan_row(dplan: DatasetPlan, row: Mapping[str, Any]) -> QueryPlan:
     if isinstance(qplan.traversal, (Sample, Measure)) and row.get("row_number") is not None:
         # each data row draws on its own (rows pooled by probability() count as independent draws)
         qplan = replace(qplan, traversal=replace(qplan.traversal, stream=f"row {row['row_number']}"))
+    if isinstance(qplan.traversal, Measure):  # values over data rows are means: no row's bound applies to them
+        qplan = replace(qplan, traversal=replace(qplan.traversal, bound_nodes=0))
     return qplan
 
 

@@ -32,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--junit", metavar="FILE", help="a JUnit XML report")
     p.add_argument("--json", metavar="FILE", help="a JSON report (a later run's --baseline)")
-    p.add_argument("--report", metavar="FILE.md", help="a Markdown summary")
+    p.add_argument("--report", metavar="FILE", action="append", default=[],
+                   help="a summary: FILE.md Markdown (a pull-request comment), FILE.html one self-contained page "
+                   "with plots of grouped results (may be given more than once)")
     p.add_argument("--baseline", metavar="FILE.json", help="name the values that moved beyond their intervals "
                                                             "since this earlier --json report")
     return p
@@ -82,7 +84,7 @@ def main(argv: Optional[Sequence[str]] = None, out: IO[str] = None) -> int:
         if not files:
             raise Error("no .rql files to run: give files or folders, or --suite NAME")
         for path, what in ((args.junit, "the JUnit report"), (args.json, "the JSON report"),
-                           (args.report, "the report")):
+                           *((r, "the report") for r in args.report)):
             if path:
                 check_writable(path, what)
         from ..plan.options import command_params
@@ -113,7 +115,7 @@ def main(argv: Optional[Sequence[str]] = None, out: IO[str] = None) -> int:
         print(f"note: no EXPECT in {', '.join(str(f) for f in files)}: nothing to judge", file=sys.stderr)
     changes = compare(judged, args.baseline) if args.baseline else []
     _summary(judged, seconds, models, changes, out)
-    for path in (args.junit, args.json, args.report):
+    for path in (args.junit, args.json, *args.report):
         if path:
             write_report(path, judged, seconds, changes)
     if cancelled:
@@ -160,6 +162,8 @@ def run_file(path: Path, text: str, statements, model: Optional[str], params, ar
         expect = query.expect if query is not None else None
         label = (expect.name or "") if expect is not None else ""
         verdict = None
+        if progress is not None:
+            progress.at((f"[{model}] " if model else "") + f"{path.name}:{line}")
         try:
             result = con._statement(st, text, params)
             if result.expects:

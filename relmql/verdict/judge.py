@@ -13,17 +13,20 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..errors import Error
 from ..plan.expect import TEST_COLUMNS, ExpectPlan
 from ..plan.expr import Env, evaluate, truth
-from ..stats import Estimate
+from ..stats import Estimate, cramers_v_interval
 
 STATUSES = ("pass", "fail", "inconclusive", "error")
+TABLE_ROWS = 200  # result rows a verdict keeps for its report (a table, a plot of grouped results)
 ROUNDS_MAX = 5  # rounds of draws an estimated verdict takes at most (each twice the draws of the one before)
 
 
 @dataclass
 class Verdict:
     """What an expectation came to. ``kind``: what the verdict rests on: ``exact`` (values summed or
-    searched exactly), ``estimate`` (an interval at ``confidence``, over ``draws`` draws in
-    ``rounds`` rounds) or ``test`` (a χ² test's statistics of its draws). ``value``: the values the
+    searched exactly), ``bound`` (the search's certain bound of a probability: the strings found
+    from below, what it had not ruled out from above), ``estimate`` (an interval at
+    ``confidence``, over ``draws`` draws in ``rounds`` rounds; narrowed by the bound where that is
+    tighter) or ``test`` (a χ² test's statistics of its draws). ``value``: the values the
     condition read on the row that decided, as text; ``interval``: an estimate's. ``judged_on``: the
     models, dtype, decoding rules, seed and relmql version."""
 
@@ -44,6 +47,8 @@ class Verdict:
     line: Optional[int] = None
     model: Optional[str] = None
     judged_on: Dict[str, Any] = field(default_factory=dict)
+    columns: Tuple[str, ...] = ()  # the result the verdict judged: its columns and up to TABLE_ROWS rows
+    table: Tuple[tuple, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -64,17 +69,27 @@ class Verdict:
     def as_dict(self) -> Dict[str, Any]:
         out = dataclasses.asdict(self)
         out["interval"] = list(self.interval) if self.interval else None
+        out["columns"], out["table"] = list(self.columns), [[_plain(x) for x in row] for row in self.table]
         return out
+
+
+def _plain(value):
+    """A result's value as JSON holds it: an estimate as its value and interval."""
+    if isinstance(value, Estimate):
+        return float(value) if value.exact else {"value": float(value), "low": value.low, "high": value.high}
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(x) for x in value]
+    return str(value)
 
 
 class _Values(Env):
     """A result row's values by column name (and the TEST's statistics), estimates read at
     ``end``: their point value, or the low or high end of their interval."""
 
-    def __init__(self, columns: Sequence[str], row: Sequence[Any], test, end: str):
-        self.values = dict(zip(columns, row))
-        if test is not None:
-            self.values.update(p_value=test.p_value, chi2=test.statistic, dof=test.dof, cramers_v=test.cramers_v)
+    def __init__(self, columns: Sequence[str], row: Sequence[Any], tested: Dict[str, Any], end: str):
+        self.values = {**dict(zip(columns, row)), **tested}
         self.end = end
         self.read: List[str] = []
 
@@ -85,6 +100,16 @@ class _Values(Env):
         if isinstance(v, Estimate) and not v.exact and self.end != "point":
             return v.low if self.end == "low" else v.high
         return v
+
+
+def test_values(test, level: float) -> Dict[str, Any]:
+    """What a TEST gives EXPECT to read: its p-value, statistic and degrees of freedom (the test's
+    own decision at the threshold EXPECT names), and Cramér's V, with its interval at ``level``
+    where the table holds counts drawn at random (``stats.cramers_v_interval``)."""
+    if test is None:
+        return {}
+    v = test.cramers_v if test.scaled else cramers_v_interval(test, level)
+    return {"p_value": test.p_value, "chi2": test.statistic, "dof": test.dof, "cramers_v": v}
 
 
 def _decide(expect: ExpectPlan, columns, row, test) -> Tuple[Optional[bool], List[str]]:
@@ -102,14 +127,13 @@ def _decide(expect: ExpectPlan, columns, row, test) -> Tuple[Optional[bool], Lis
 
 def _shown(columns, row, read: List[str], test) -> Tuple[str, Optional[float], Optional[Tuple[float, float]], str]:
     """The values the condition read, as text; the first number among them, its interval, and the kind."""
-    values = dict(zip(columns, row))
-    if test is not None:
-        values.update(p_value=test.p_value, chi2=test.statistic, dof=test.dof, cramers_v=test.cramers_v)
+    values = {**dict(zip(columns, row)), **test}
     parts, measured, interval, kind = [], None, None, "exact"
     for name in read:
         v = values.get(name)
         if isinstance(v, Estimate) and not v.exact:
-            kind, interval = "estimate", (v.low, v.high)
+            kind = "bound" if v.method == "bound" and kind != "estimate" else "estimate"
+            interval = (v.low, v.high)
             parts.append(f"{name} = {float(v):.4g} [{v.low:.4g}, {v.high:.4g}]")
         elif isinstance(v, float):
             parts.append(f"{name} = {v:.4g}")
@@ -122,10 +146,13 @@ def _shown(columns, row, read: List[str], test) -> Tuple[str, Optional[float], O
     return ", ".join(parts), measured, interval, kind
 
 
-def judge_rows(expect: ExpectPlan, columns: Sequence[str], rows: Sequence[tuple], test=None) -> Verdict:
+def judge_rows(expect: ExpectPlan, columns: Sequence[str], rows: Sequence[tuple], test=None,
+               level: Optional[float] = None) -> Verdict:
     """The verdict on rows already read: ``fail`` where a row fails over its whole interval, ``pass``
     where every row holds over its whole interval, else ``inconclusive``; no rows is a fail (nothing
-    to judge is no evidence that the model passes)."""
+    to judge is no evidence that the model passes). ``level``: the TEST's intervals' (default: the
+    level EXPECT states)."""
+    test = test_values(test, expect.confidence if level is None else level)
     if not rows:
         return Verdict("fail", expect.name, expect.text, message="the query gave no rows to judge")
     undecided = None
@@ -145,7 +172,7 @@ def judge_rows(expect: ExpectPlan, columns: Sequence[str], rows: Sequence[tuple]
     return Verdict(status, expect.name, expect.text, kind, value, measured, interval, rows=len(rows))
 
 
-def judge(expect: ExpectPlan, first, rerun: Optional[Callable[[int], Any]] = None, confidence: float = 0.95,
+def judge(expect: ExpectPlan, first, rerun: Optional[Callable[[int], Any]] = None, confidence: Optional[float] = None,
           draws: int = 0, budget: int = 0) -> Verdict:
     """The verdict of a query whose result is ``first``; where an estimate leaves it undecided,
     ``rerun(k)`` gives round k's result (twice the draws of round k - 1, fresh draws), until it
@@ -153,6 +180,7 @@ def judge(expect: ExpectPlan, first, rerun: Optional[Callable[[int], Any]] = Non
     level 1 - α/2 and round k at 1 - α/2^(k+1) (α = 1 - ``confidence``): their errors sum to less
     than α, whatever the round that decides."""
     started = time.perf_counter()
+    confidence = expect.confidence if confidence is None else confidence
     result, k, spent = first, 0, draws
     while True:
         try:
@@ -161,7 +189,8 @@ def judge(expect: ExpectPlan, first, rerun: Optional[Callable[[int], Any]] = Non
         except Error as e:
             return Verdict("error", expect.name, expect.text, message=e.render().splitlines()[0],
                            seconds=time.perf_counter() - started)
-        verdict = judge_rows(expect, result.columns, rows, test)
+        verdict = judge_rows(expect, result.columns, rows, test, round_level(confidence, k) if rerun else confidence)
+        verdict.columns, verdict.table = tuple(result.columns), tuple(tuple(r) for r in rows[:TABLE_ROWS])
         verdict.rounds, verdict.draws = k + 1, spent
         if verdict.kind == "estimate":
             verdict.confidence = confidence

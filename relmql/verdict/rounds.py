@@ -10,16 +10,25 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Dict, Tuple
 
-from ..records import Measure
+from ..plan.planner import QueryPlan
+from ..records import Measure, Sample
 from .judge import judge, round_level
 
 BUDGET_TIMES = 16  # an estimated verdict's draws at most, over its rounds, in times its first round's
 
 
 def first_round(plan, make_result: Callable[..., Any]) -> Tuple[Any, Callable[[Any], Any]]:
-    """``plan`` as its first round runs (an estimate's interval at 1 - α/2), and the function that
-    judges its result (drawing more rounds through ``make_result(plan)`` where that is undecided)."""
+    """``plan`` as its first round runs (an estimate's interval at 1 - α/2; for probability(), the
+    search's bound alone where it may decide), and the function that judges its result (drawing
+    more rounds through ``make_result(plan)`` where that is undecided: of probability(), or of
+    SAMPLE n's counts under a TEST, whose Cramér's V has an interval)."""
     t = getattr(plan, "traversal", None)
+    if isinstance(t, Sample) and plan.test is not None:  # Cramér's V of counts drawn: more draws narrow it
+        def redraw(k: int):
+            return make_result(dataclasses.replace(plan, traversal=dataclasses.replace(
+                t, n=t.n * 2 ** k, stream=f"{t.stream} round {k}".strip())))
+        return plan, lambda result: _judged(plan, judge(plan.expect, result, redraw, plan.expect.confidence, t.n,
+                                                        BUDGET_TIMES * t.n))
     if not isinstance(t, Measure):
         return plan, lambda result: _judged(plan, judge(plan.expect, result))
     stated = t.confidence
@@ -31,8 +40,30 @@ def first_round(plan, make_result: Callable[..., Any]) -> Tuple[Any, Callable[[A
                                    stream=f"{t.stream} round {k}".strip())
         return make_result(dataclasses.replace(plan, traversal=more))
 
-    # only an estimate leaves a verdict undecided: a language summed exactly never calls rerun
-    return first, lambda result: _judged(plan, judge(plan.expect, result, rerun, stated, t.samples, budget))
+    def estimated(result):  # only an estimate leaves a verdict undecided: a sum never calls rerun
+        return _judged(plan, judge(plan.expect, result, rerun, stated, t.samples, budget))
+    if not bounds_first(plan):
+        return first, estimated
+
+    def bounded(result):  # the search's certain bound first; draws only where it does not decide
+        verdict = judge(plan.expect, result)
+        if verdict.status != "inconclusive":
+            return _judged(plan, verdict)
+        if verdict.kind == "estimate":  # no bound applied (several prefix paths): these draws are round 0
+            return estimated(result)
+        drawn = estimated(make_result(first))
+        drawn.seconds += verdict.seconds
+        return drawn
+    return dataclasses.replace(first, traversal=dataclasses.replace(first.traversal, bound_only=True)), bounded
+
+
+def bounds_first(plan) -> bool:
+    """Whether a verdict on probability() looks at the search's bound before any draw: a query of
+    one model with no GROUP BY and no WHERE (its value is the whole language's; the search bounds
+    languages of one prefix path, and sums those it exhausts)."""
+    return (isinstance(plan, QueryPlan) and plan.traversal.bound_nodes > 0 and plan.traversal.exact_limit > 0
+            and not plan.group_by
+            and plan.where is None and len(plan.models) <= 1)
 
 
 def _judged(plan, verdict):
