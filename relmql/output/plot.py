@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 from ..errors import Error, closest
 from .format import format_value
 
-__all__ = ["PLOT_KINDS", "EXTENSIONS", "MAX_BARS", "plot", "figure", "check_path"]
+__all__ = ["PLOT_KINDS", "EXTENSIONS", "MAX_BARS", "plot", "figure", "to_svg", "check_path"]
 
 PLOT_KINDS = ("bar", "cumulative", "cdf")
 EXTENSIONS = (".png", ".svg", ".pdf")
@@ -42,6 +42,18 @@ def plot(columns: Sequence[str], rows: Sequence[tuple], path: str, kind: Optiona
             raise Error(f"cannot write {path}: {e.strerror or e}",
                         hint="the folder must exist" if isinstance(e, FileNotFoundError) else None) from None
     return drawn
+
+
+def to_svg(columns: Sequence[str], rows: Sequence[tuple], kind: Optional[str] = None, *,
+           title: Optional[str] = None) -> Tuple[str, str]:
+    """The picture ``plot`` would draw, as SVG text (for a page that holds it inline), and its kind."""
+    import io
+    import matplotlib
+    with matplotlib.rc_context(_RC):
+        fig, drawn = figure(columns, rows, kind, title=title)
+        out = io.StringIO()
+        fig.savefig(out, format="svg")
+    return out.getvalue(), drawn
 
 
 def check_path(path: str) -> str:

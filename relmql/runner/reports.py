@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Sequence
 from ..errors import Error
 from ..verdict import Verdict
 
-REPORT_KINDS = {".json": "json", ".xml": "junit", ".md": "markdown"}
+REPORT_KINDS = {".json": "json", ".xml": "junit", ".md": "markdown", ".html": "html", ".htm": "html"}
 
 
 def check_writable(path: str, what: str) -> None:
@@ -153,10 +153,12 @@ def _moved(old: Optional[float], old_iv, new: Optional[float], new_iv) -> Option
 
 
 def write_report(path: str, verdicts: Sequence[Verdict], seconds: float, changes: Sequence[str] = ()) -> None:
-    """Write the report that ``path``'s suffix names (.json, .xml JUnit, .md Markdown)."""
+    """Write the report that ``path``'s suffix names (.json, .xml JUnit, .html a page, else Markdown)."""
+    from .html import to_html
     kind = REPORT_KINDS.get(Path(path).suffix.lower(), "markdown")
     text = {"json": lambda: to_json(verdicts, seconds, changes), "junit": lambda: to_junit(verdicts, seconds),
-            "markdown": lambda: to_markdown(verdicts, seconds, changes)}[kind]()
+            "markdown": lambda: to_markdown(verdicts, seconds, changes),
+            "html": lambda: to_html(verdicts, seconds, changes)}[kind]()
     Path(path).expanduser().write_text(text, encoding="utf-8")
 
 
