@@ -278,3 +278,11 @@ def test_the_lambada_suite_reads_its_data_from_a_parameter(tmp_path, capsys, smo
     capsys.readouterr()
     assert cli_main(["test", "--suite", "lambada", "--model", "smollm2-135m"]) == 2  # no data named
     assert "lambada" in capsys.readouterr().out
+
+
+def test_cramers_v_of_counts_not_drawn_has_no_interval(smolcon):
+    """Counts of the strings an exact search found are not draws: V is the test's statistic."""
+    v = smolcon.sql("SELECT gender, field, count(*) AS n MATCHING 'The (?P<gender>man|woman) was trained in "
+                    "(?P<field>art|science|math)' PREFIX 'The (man|woman) was trained in' USING tokenization all "
+                    "GROUP BY gender, field TEST INDEPENDENCE OF gender, field EXPECT cramers_v < 0.99").verdict
+    assert v.kind == "test" and v.interval is None and v.status == "pass"

@@ -8,7 +8,6 @@ from collections import OrderedDict
 from html import escape
 from typing import Dict, Optional, Sequence
 
-from ..errors import Error
 from ..verdict import Verdict
 
 COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "inconclusive": "#9a6700", "error": "#6e7781"}
@@ -83,7 +82,7 @@ def _plot(v: Verdict) -> Optional[str]:
     from ..output.plot import to_svg
     try:
         svg, kind = to_svg(list(v.columns), list(v.table), title=v.name)
-    except Error:  # nothing numeric, or nothing to group by
+    except Exception:  # nothing numeric, nothing to group by, a label matplotlib cannot set: no plot, the page still
         return None
     if kind != "bar":
         return None

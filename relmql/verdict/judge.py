@@ -102,13 +102,13 @@ class _Values(Env):
         return v
 
 
-def test_values(test, level: float) -> Dict[str, Any]:
+def test_values(test, level: float, drawn: bool = False) -> Dict[str, Any]:
     """What a TEST gives EXPECT to read: its p-value, statistic and degrees of freedom (the test's
     own decision at the threshold EXPECT names), and Cramér's V, with its interval at ``level``
-    where the table holds counts drawn at random (``stats.cramers_v_interval``)."""
+    where the table holds counts ``drawn`` at random, SAMPLE n's (``stats.cramers_v_interval``)."""
     if test is None:
         return {}
-    v = test.cramers_v if test.scaled else cramers_v_interval(test, level)
+    v = cramers_v_interval(test, level) if drawn and not test.scaled else test.cramers_v
     return {"p_value": test.p_value, "chi2": test.statistic, "dof": test.dof, "cramers_v": v}
 
 
@@ -147,12 +147,12 @@ def _shown(columns, row, read: List[str], test) -> Tuple[str, Optional[float], O
 
 
 def judge_rows(expect: ExpectPlan, columns: Sequence[str], rows: Sequence[tuple], test=None,
-               level: Optional[float] = None) -> Verdict:
+               level: Optional[float] = None, drawn: bool = False) -> Verdict:
     """The verdict on rows already read: ``fail`` where a row fails over its whole interval, ``pass``
     where every row holds over its whole interval, else ``inconclusive``; no rows is a fail (nothing
     to judge is no evidence that the model passes). ``level``: the TEST's intervals' (default: the
-    level EXPECT states)."""
-    test = test_values(test, expect.confidence if level is None else level)
+    level EXPECT states), where its counts were ``drawn``."""
+    test = test_values(test, expect.confidence if level is None else level, drawn)
     if not rows:
         return Verdict("fail", expect.name, expect.text, message="the query gave no rows to judge")
     undecided = None
@@ -173,12 +173,12 @@ def judge_rows(expect: ExpectPlan, columns: Sequence[str], rows: Sequence[tuple]
 
 
 def judge(expect: ExpectPlan, first, rerun: Optional[Callable[[int], Any]] = None, confidence: Optional[float] = None,
-          draws: int = 0, budget: int = 0) -> Verdict:
+          draws: int = 0, budget: int = 0, drawn: bool = False) -> Verdict:
     """The verdict of a query whose result is ``first``; where an estimate leaves it undecided,
     ``rerun(k)`` gives round k's result (twice the draws of round k - 1, fresh draws), until it
     decides, ``budget`` draws are spent or ``ROUNDS_MAX`` rounds are run. The first round is read at
     level 1 - α/2 and round k at 1 - α/2^(k+1) (α = 1 - ``confidence``): their errors sum to less
-    than α, whatever the round that decides."""
+    than α, whatever the round that decides. ``drawn``: a TEST's counts are SAMPLE n's draws."""
     started = time.perf_counter()
     confidence = expect.confidence if confidence is None else confidence
     result, k, spent = first, 0, draws
@@ -189,7 +189,8 @@ def judge(expect: ExpectPlan, first, rerun: Optional[Callable[[int], Any]] = Non
         except Error as e:
             return Verdict("error", expect.name, expect.text, message=e.render().splitlines()[0],
                            seconds=time.perf_counter() - started)
-        verdict = judge_rows(expect, result.columns, rows, test, round_level(confidence, k) if rerun else confidence)
+        verdict = judge_rows(expect, result.columns, rows, test, round_level(confidence, k) if rerun else confidence,
+                             drawn)
         verdict.columns, verdict.table = tuple(result.columns), tuple(tuple(r) for r in rows[:TABLE_ROWS])
         verdict.rounds, verdict.draws = k + 1, spent
         if verdict.kind == "estimate":

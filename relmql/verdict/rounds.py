@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Tuple
 
 from ..plan.planner import QueryPlan
+from ..syntax import ast as A
 from ..records import Measure, Sample
 from .judge import judge, round_level
 
@@ -28,7 +29,7 @@ def first_round(plan, make_result: Callable[..., Any]) -> Tuple[Any, Callable[[A
             return make_result(dataclasses.replace(plan, traversal=dataclasses.replace(
                 t, n=t.n * 2 ** k, stream=f"{t.stream} round {k}".strip())))
         return plan, lambda result: _judged(plan, judge(plan.expect, result, redraw, plan.expect.confidence, t.n,
-                                                        BUDGET_TIMES * t.n))
+                                                        BUDGET_TIMES * t.n, drawn=True))
     if not isinstance(t, Measure):
         return plan, lambda result: _judged(plan, judge(plan.expect, result))
     stated = t.confidence
@@ -59,9 +60,11 @@ def first_round(plan, make_result: Callable[..., Any]) -> Tuple[Any, Callable[[A
 
 def bounds_first(plan) -> bool:
     """Whether a verdict on probability() looks at the search's bound before any draw: a query of
-    one model with no GROUP BY and no WHERE (its value is the whole language's; the search bounds
-    languages of one prefix path, and sums those it exhausts)."""
+    one model whose columns are all probability(), with no GROUP BY and no WHERE (its value is the
+    whole language's; the search bounds languages of one prefix path, and sums those it exhausts;
+    the bound's round has no draws for count(*) and the like to read)."""
     return (isinstance(plan, QueryPlan) and plan.traversal.bound_nodes > 0 and plan.traversal.exact_limit > 0
+            and all(isinstance(o.expr, A.Call) and o.expr.name == "probability" for o in plan.outputs)
             and not plan.group_by
             and plan.where is None and len(plan.models) <= 1)
 
