@@ -113,17 +113,9 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
     bound = None
     # the most probable strings first: a bound for certain, or the sum (exact_limit 0, as with SAMPLE n: draws alone)
     if opts.bound_nodes and opts.exact_limit and prefixes == 1:
-        searched = SearchStats(watch=stats.watch if stats is not None else None)
-        found, bound = bound_search(automaton, model, rules, opts, cancel, searched)
-        if bound.exhausted:
-            if stats is not None:
-                stats.expanded, stats.rows, stats.cut, stats.no_row = (searched.expanded, searched.rows,
-                                                                       searched.cut, searched.no_row)
-            mass = Mass(True, prefixes=prefixes, confidence=opts.confidence, sequences=len(found))
-            return mass, _chain(prefix_rows(automaton, opts.max_prefix_tokens, reps), found)
-        if opts.bound_only:
-            return Mass(False, 0, prefixes, confidence=opts.confidence, bound=bound), prefix_rows(
-                automaton, opts.max_prefix_tokens, reps)
+        bound, done = _bounded(automaton, model, rules, opts, cancel, stats, reps)
+        if done is not None:
+            return done
     twin, count = canonical_part(automaton, opts, prefixes) or (None, None)
     summed = twin if count is not None else None  # the canonical tokenizations summed, else drawn half the time
     halves = twin is not None and count is None
@@ -167,6 +159,25 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
             if floor > max(high, mean * 1.001) and (bound is None or high >= bound.low):
                 stats.floor = floor
     return mass, rows()
+
+
+def _bounded(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opts: Measure,
+             cancel: Optional[threading.Event], stats: Optional[SearchStats], reps: "_Representatives"
+             ) -> Tuple[Bound, Optional[Tuple[Mass, Iterator[Row]]]]:
+    """The search's bound of a language of one prefix path, and the measurement where that settles
+    it: the exact sum where the search read the language whole, the bound alone with ``bound_only``."""
+    searched = SearchStats(watch=stats.watch if stats is not None else None)
+    found, bound = bound_search(automaton, model, rules, opts, cancel, searched)
+    if bound.exhausted:
+        if stats is not None:
+            stats.expanded, stats.rows, stats.cut, stats.no_row = (searched.expanded, searched.rows,
+                                                                   searched.cut, searched.no_row)
+        mass = Mass(True, prefixes=1, confidence=opts.confidence, sequences=len(found))
+        return bound, (mass, _chain(prefix_rows(automaton, opts.max_prefix_tokens, reps), found))
+    if opts.bound_only:
+        mass = Mass(False, 0, 1, confidence=opts.confidence, bound=bound)
+        return bound, (mass, prefix_rows(automaton, opts.max_prefix_tokens, reps))
+    return bound, None
 
 
 def canonical_part(automaton: TokenAutomaton, opts: Measure, prefixes: int

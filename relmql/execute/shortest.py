@@ -495,6 +495,19 @@ class ShortestPathSearch:
         if self.completes(node):
             self.lost += math.exp(node.cond) * share
 
+    def lose_outside(self, nodes: List[_Node], fresh: np.ndarray, owner: np.ndarray, scores: np.ndarray,
+                     eos_rule: Optional[np.ndarray]) -> None:
+        """What each node just read for the first time (``fresh``) leaves out of the language: all but
+        its kept completion children (``owner``: the node of each, ``scores``: their log-probabilities)
+        and, under eos where it ends a string, its end of text."""
+        share = np.bincount(owner, weights=np.exp(scores), minlength=len(nodes))
+        for b in np.flatnonzero(fresh).tolist():
+            node = nodes[b]
+            if self.stops(node.state):  # a string: its probability is a result's
+                continue
+            ends = eos_rule is not None and self.final_edits(node.state) >= 0 and eos_rule[b] > -math.inf
+            self.lose(node, 1.0 - share[b] - (math.exp(eos_rule[b]) if ends else 0.0))
+
     def prefix_child(self, parent: _Node, token: int, state: int) -> _Node:
         """A child on a prefix token, its probability to be read with the chain it ends."""
         self.nodes += 1
@@ -596,15 +609,9 @@ class ShortestPathSearch:
             out["tier"], out["val"] = tier[at], val[at]
             return out
 
-        if opts.first_match:  # what each node's kept completion tokens (and its end of text) leave out
+        if opts.first_match:
             comp = ~pre_k
-            share = np.bincount(r[comp], weights=np.exp(rule_all[kept[comp]]), minlength=len(batch))
-            for b in np.flatnonzero(fresh).tolist():
-                node = nodes[b]
-                if self.stops(node.state):  # a string: its probability is a result's
-                    continue
-                ends = rules.eos and self.final_edits(node.state) >= 0 and eos_rule[b] > -math.inf
-                self.lose(node, 1.0 - share[b] - (math.exp(eos_rule[b]) if ends else 0.0))
+            self.lose_outside(nodes, fresh, r[comp], rule_all[kept[comp]], eos_rule if rules.eos else None)
         starts = first + chunks  # where each node's stored children begin
         if one_sort:  # one sort for the batch: by node, then key (stable: ties keep arc order)
             kids = kid_array(np.lexsort((val, tier, r)))
