@@ -301,7 +301,8 @@ def tables(res: Dict) -> str:
                      f"sooner** | **{r['relmql']['rows_per_s'] / base['rows_per_s']:.1f}×** | | |")
     lines.append("")
     lines.append("Rows found both at batch size 32 and at batch size 1: " + ", ".join(
-        f"{name} {r.get('rows_shared_with_batch_1', '?')} of {r['relmql']['rows']}" for name, r in res["shortest"].items())
+        f"{name} {r.get('rows_shared_with_batch_1', '?')} of {r['relmql']['rows']}"
+        for name, r in res["shortest"].items())
         + (" (in float32 the rows are identical; in bfloat16, near-ties can swap with the batch's padding)."
            if res["dtype"] != "float32" else "."))
     mem = res["memorization"]

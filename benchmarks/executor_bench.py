@@ -126,7 +126,8 @@ def _run_worker(name: str, code: Path, budget: float) -> Dict:
 
 def _extract(revision: str, into: Path) -> None:
     """The relmql package (and its grammar) of a git revision, into a folder."""
-    archive = subprocess.run(["git", "archive", revision, "relmql", "grammar"], cwd=ROOT, capture_output=True, check=True)
+    archive = subprocess.run(["git", "archive", revision, "relmql", "grammar"], cwd=ROOT, capture_output=True,
+                             check=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
 
 
@@ -233,7 +234,8 @@ def _in_process(code: Path, flag: str, *args) -> Dict:
 
 def stub_side_by_side(baseline: str, runs: int = 3) -> Dict:
     """``stub`` for each configuration, ``runs`` searches with this checkout's relmql and as many
-    with that of the git revision ``baseline``, alternately, each search in a process of its own: this machine's speed drifts by a third within the hour, so the ratio is
+    with that of the git revision ``baseline``, alternately, each search in a process of its own:
+    this machine's speed drifts by a third within the hour, so the ratio is
     read off pairs of searches made one after the other (two executors in one process slow each
     other: the canonical search ran at 3,800 nodes/s beside the earlier one, 6,200 alone).
     Returns ``{"now": ..., "before": ...}``, each configuration's median search, its range and,

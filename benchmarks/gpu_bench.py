@@ -82,8 +82,8 @@ def throughput(model, ta, batch: int, nodes: int) -> Dict:
     f0, c0 = model.stats.seconds, model.stats.calls
     with Utilization(model.device) as use:
         t0 = time.perf_counter()
-        rows = sum(1 for _ in shortest_path(ta, model, Decoding(topk=40), ShortestPath(batch_size=batch, max_nodes=nodes),
-                                            stats=stats))
+        rows = sum(1 for _ in shortest_path(ta, model, Decoding(topk=40),
+                                            ShortestPath(batch_size=batch, max_nodes=nodes), stats=stats))
         wall = time.perf_counter() - t0
     fwd = model.stats.seconds - f0
     return {"batch": batch, "nodes": stats.expanded, "rows": rows, "seconds": wall,
@@ -239,7 +239,8 @@ def tables(runs: List[Dict]) -> str:
                     "|---|---|---|---|---|---|"]
             for name, q in v.items():
                 a, b = q["relmql"], q["relm-style"]
-                out.append(f"| {name} ({a['rows']} rows) | {a['first']:.2f} s | {b['first']:.2f} s | {a['rows_per_s']:.1f} | "
+                out.append(f"| {name} ({a['rows']} rows) | {a['first']:.2f} s | {b['first']:.2f} s | "
+                           f"{a['rows_per_s']:.1f} | "
                            f"{b['rows_per_s']:.1f} | **{q['first_ratio']:.1f}× sooner, {q['rows_per_s_ratio']:.1f}× "
                            f"the rows/s** |")
             out.append("")
@@ -322,7 +323,8 @@ def main(argv: List[str] = None) -> None:
                 ta = url_of(model)
                 cap, hf.LOGITS_BYTES = hf.LOGITS_BYTES, 2 ** 31
                 try:
-                    save("throughput_one_pass", [throughput(model, ta, b, min(args.nodes, 40 * b)) for b in (512, 1024)])
+                    save("throughput_one_pass", [throughput(model, ta, b, min(args.nodes, 40 * b))
+                                                 for b in (512, 1024)])
                 finally:
                     hf.LOGITS_BYTES = cap
             elif part == "bf16":

@@ -112,7 +112,8 @@ def run() -> Dict:
 def tables(res: Dict) -> str:
     lines = [f"Model: SmolLM2-135M on {res['device']} ({res['dtype']}).", "",
              "| language | token sequences | P (relmql) | relmql | one sequence per pass | batches of 32 | "
-             "relmql vs one by one | relmql vs batched | relative difference |", "|---|---|---|---|---|---|---|---|---|"]
+             "relmql vs one by one | relmql vs batched | relative difference |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, r in res["exact"].items():
         lines.append(f"| {name} | {r['sequences']} | {r['p']:.4g} | {r['relmql_s']:.2f} s | {r['one_by_one_s']:.2f} s"
                      f" | {r['batched_s']:.2f} s | **{r['one_by_one_s'] / r['relmql_s']:.1f}×** | "

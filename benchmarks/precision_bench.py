@@ -197,7 +197,8 @@ def tables(r: dict) -> str:
     for name, q in r["ranking"].items():
         for key, label in (("gw", "dates, top-k 40, LIMIT 10"), ("days_top5", "month and day, top-k 5, all rows")):
             c = q[key]
-            out.append(f"| {name} | {label} | {c['rows']} (of {c['expected'] if key == 'gw' else q['days_top5_expected']}) "
+            out.append(f"| {name} | {label} | {c['rows']} "
+                       f"(of {c['expected'] if key == 'gw' else q['days_top5_expected']}) "
                        f"| {'yes' if c['same_order'] else 'no'} | {c['missing']} / {c['extra']} | "
                        f"{c['max_logprob_error']:.1e} |")
     out += ["", "| dtype | rows at batch 1 / 4 / 32 | the same rows | largest relative change of a probability |",

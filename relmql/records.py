@@ -197,7 +197,8 @@ class Decoding:
     eos: bool = False
 
     def check(self) -> "Decoding":
-        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0 and math.isfinite(self.temperature)):
+        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0
+                and math.isfinite(self.temperature)):
             raise ExecutionError(f"temperature must be a positive number, not {self.temperature!r}")
         if self.topk is not None and not (isinstance(self.topk, int) and self.topk >= 1):
             raise ExecutionError(f"topk must be a whole number of at least 1, not {self.topk!r}")

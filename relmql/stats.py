@@ -370,5 +370,6 @@ def chi2_independence(rows: Sequence[Mapping[str, Any]], a: str, b: str, weight:
                       small, fisher_p)
 
 
-__all__ = ["Estimate", "wilson", "cramers_v_interval", "within_bound", "estimate_mean", "probability", "ci_bound", "chi2_independence", "contingency", "Chi2Result", "format_p",
+__all__ = ["Estimate", "wilson", "cramers_v_interval", "within_bound", "estimate_mean", "probability", "ci_bound",
+           "chi2_independence", "contingency", "Chi2Result", "format_p",
            "sort_key", "DEFAULT_CONFIDENCE", "MAX_TEST_DRAWS"]

@@ -306,7 +306,8 @@ def test_approximate_numbers_are_said_with_the_first_rows(con):
     half = relmql.connect(model="tiny-gpt2", dtype="bfloat16")
     try:
         first = half.sql("SELECT text, prob MATCHING 'The (cat|dog)' PREFIX 'The'")
-        assert len(first.fetchall()) == 2 and first.approximate.startswith("approximate: the model computes in bfloat16")
+        assert (len(first.fetchall()) == 2
+                and first.approximate.startswith("approximate: the model computes in bfloat16"))
         assert first.notes == [f"note: the numbers are {first.approximate}"]
         again = half.sql("SELECT text, prob MATCHING 'The (cat|dog)' PREFIX 'The'")
         assert len(again.fetchall()) == 2 and again.notes == []

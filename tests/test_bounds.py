@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 import relmql
@@ -83,7 +82,8 @@ def test_an_unescaped_pattern_without_a_prefix_ends_with_a_message(baseline):
     code, rows, err, rss, vm = run_limited("""SELECT text MATCHING '__import__("os").system("echo PWNED")' LIMIT 1;""",
                                            limit=vm0 + DEFAULT_MAX_MEMORY + 2 ** 30)
     assert code == 0 and "Traceback" not in err, err
-    assert rows == [] and "stopped after expanding 10,000 nodes without finding another row (max_nodes_per_row) with 0 rows; more may exist" in err, err
+    assert rows == [] and ("stopped after expanding 10,000 nodes without finding another row (max_nodes_per_row) "
+                           "with 0 rows; more may exist") in err, err
     assert rss - rss0 < DEFAULT_MAX_MEMORY, (rss, rss0)
 
 
@@ -159,7 +159,7 @@ def test_a_10_mb_alternation_is_refused_at_once_in_a_small_multiple_of_its_size(
 def test_max_memory_stops_the_search_and_keeps_its_rows_exact(baseline):
     rss0, vm0 = baseline
     budget = 64 * 2 ** 20
-    code, rows, err, rss, vm = run_limited(URLS + f" , max_memory '64MiB', max_nodes_per_row 10000000 LIMIT 300;",
+    code, rows, err, rss, vm = run_limited(URLS + " , max_memory '64MiB', max_nodes_per_row 10000000 LIMIT 300;",
                                            limit=vm0 + DEFAULT_MAX_MEMORY)
     assert code == 0 and "Traceback" not in err, err
     assert "when its queue and stored children reached their share of 64 MiB (max_memory)" in err, err

@@ -135,7 +135,8 @@ def test_metaspace_leading_spaces_and_prefix(mistral_vocab):
     for toks, _ in got:
         assert vocab.encode(vocab.decode(toks)) == list(toks)
     bpe = vocab.tokenizer.backend_tokenizer.model
-    got = canonical_paths("The capital of (France|Italy) is (Paris|Rome)\\.?", vocab, "The capital of (France|Italy) is")
+    got = canonical_paths("The capital of (France|Italy) is (Paris|Rome)\\.?", vocab,
+                          "The capital of (France|Italy) is")
     assert len(got) == 8
     for toks, n in got:
         text = vocab.decode(toks)

@@ -73,7 +73,8 @@ def test_a_chat_prompt_gives_the_rows_of_direct_scoring_of_the_rendered_conversa
     end = 2 if which == "smollm2-135m" else None
     messages = [{"role": "user", "content": QUESTION}]
     using = "eos" if template is None else f"chat_template '{GEMMA_TEMPLATE}'"
-    rows = con.sql(f"SELECT text, logprob, canonical, tokens FROM {which} MATCHING '(|\\n|\\n\\n| )(Paris|London|Rome)' "
+    rows = con.sql(f"SELECT text, logprob, canonical, tokens FROM {which} "
+                   "MATCHING '(|\\n|\\n\\n| )(Paris|London|Rome)' "
                    f"PROMPT chat('user', '{QUESTION}') USING {using}").fetchall()
     expected = oracle(model, messages, small_language(), end, template)
     assert [r[0] for r in rows] == [s for _, s, _ in expected]

@@ -296,7 +296,8 @@ def test_threads_past_the_machine_s_cpus_are_refused_where_they_are_set(capsys):
 
 
 def test_param_names_in_any_script(capsys):
-    code, out, err = run(capsys, "-p", "caf\u00e9=2", "-p", "1st=x", "-c", "SELECT :caf\u00e9 * 2 AS n, :1st AS f MATCHING 'a';")
+    code, out, err = run(capsys, "-p", "caf\u00e9=2", "-p", "1st=x", "-c",
+                         "SELECT :caf\u00e9 * 2 AS n, :1st AS f MATCHING 'a';")
     assert code == 0, err
     assert jsonl(out) == [{"n": 4, "f": "x"}]
 

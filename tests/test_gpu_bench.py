@@ -14,8 +14,8 @@ from relmql.models import hf
 def test_gpu_bench_parts_and_table_without_a_gpu(tmp_path):
     out = tmp_path / "gpu.json"
     cap = hf.LOGITS_BYTES
-    gpu_bench.main(["--model", "tiny-gpt2", "--device", "cpu", "--nodes", "400", "--parts", "host,throughput,logits,eager,forward",
-                    "--json", str(out)])
+    gpu_bench.main(["--model", "tiny-gpt2", "--device", "cpu", "--nodes", "400", "--parts",
+                    "host,throughput,logits,eager,forward", "--json", str(out)])
     assert hf.LOGITS_BYTES == cap  # the logits part raises the cap for its searches only
     res = json.loads(out.read_text())
     assert not any(k.endswith("_error") for k in res), res

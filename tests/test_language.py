@@ -3,13 +3,11 @@ brute force."""
 
 from __future__ import annotations
 
-import itertools
-import re
 
 import numpy as np
 import pytest
 
-from relmql.automata.bytedfa import SPLIT_COL, count_strings
+from relmql.automata.bytedfa import SPLIT_COL
 from relmql.records import PRINTABLE_ASCII
 from relmql.errors import CompileError
 

@@ -552,7 +552,8 @@ def test_new_keys_are_read_where_the_model_wrote_them(request, model_name, monke
         assert all(torch.equal(a, b) for a, b in zip(*got))
         for st in kids:
             with torch.no_grad():
-                cache = model.model(torch.tensor([[model.bos_id] + list(st.tokens[1:])]), use_cache=True).past_key_values
+                cache = model.model(torch.tensor([[model.bos_id] + list(st.tokens[1:])]),
+                                    use_cache=True).past_key_values
             direct = torch.stack([t[0] for layer in cache.layers for t in (layer.keys, layer.values)])
             slots = np.concatenate([b.slots for b in st.cache.chain()])
             assert torch.allclose(model.pool.read(slots), direct, atol=1e-4, rtol=1e-4)

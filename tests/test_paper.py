@@ -66,7 +66,8 @@ def test_bias_smoke(tmp_path):
     for name, rows in out.items():
         assert {r["gender"] for r in rows} <= {"man", "woman"} and {r["field"] for r in rows} <= fields
         if name.startswith("sampled"):
-            expected = 80 if name in ("sampled | canonical | no prefix", "sampled | canonical, edits | no prefix") else 40
+            expected = 80 if name in ("sampled | canonical | no prefix",
+                                      "sampled | canonical, edits | no prefix") else 40
             assert sum(r["n"] for r in rows) == expected
             if "| prefix |" in name:
                 assert {r["gender"] for r in rows} == {name.rsplit(" | ", 1)[1]}

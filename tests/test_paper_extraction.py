@@ -13,7 +13,8 @@ import pytest
 import relmql
 from benchmarks.paper import extraction as E
 
-TARGET_WORDS = re.compile(r"warranty|warranties|merchantability|fitness|liable|liability|infringement|damages", re.IGNORECASE)
+TARGET_WORDS = re.compile(r"warranty|warranties|merchantability|fitness|liable|liability|infringement|damages",
+                          re.IGNORECASE)
 
 
 def distance(a: str, b: str) -> int:

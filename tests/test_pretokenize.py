@@ -152,20 +152,20 @@ class _OldChunker:
         n = len(buf)
         na, nc, nl = [], [], []
         for i, alt in enumerate(self.alts):
-            a, c, l = alts[i], acc[i], look[i]
-            if l and k not in alt.not_before:
+            a, c, lk = alts[i], acc[i], look[i]
+            if lk and k not in alt.not_before:
                 c = n
-            l = False
+            lk = False
             if a >= 0:
                 a = alt.delta[a].get(k, -1)
                 if a >= 0 and a in alt.accepting:
                     if alt.not_before is not None:
-                        l = True
+                        lk = True
                     else:
                         c = n + 1
             na.append(a)
             nc.append(c)
-            nl.append(l)
+            nl.append(lk)
         return self.resolve((tuple(na), tuple(nc), tuple(nl), buf + (k,), od, pend))
 
     def token_boundary(self, core: tuple, ok: bool) -> tuple:
@@ -181,7 +181,7 @@ class _OldChunker:
             if not buf:
                 return True
             n = len(buf)
-            acc = tuple(n if l else c for c, l in zip(acc, look))  # the end satisfies (?!...)
+            acc = tuple(n if lk else c for c, lk in zip(acc, look))  # the end satisfies (?!...)
             if not pend or pend[-1][0] != n:
                 pend = pend + ((n, True),)  # the end of the text is a token boundary
             # nothing more can match: decide; characters read past the chunk start a new one
@@ -213,7 +213,7 @@ class _OldChunker:
         alts, acc, look, buf, od, pend = core
         a = acc[w]
         others_dead = all(x < 0 for i, x in enumerate(alts) if i != w) and not any(
-            l for i, l in enumerate(look) if i != w)
+            lk for i, lk in enumerate(look) if i != w)
         if a == 0 and others_dead:
             return core
         kept = []
@@ -225,7 +225,7 @@ class _OldChunker:
                 kept.append((pos - a, ok))
         na = tuple(x if i == w else -1 for i, x in enumerate(alts))
         nc = tuple(0 if i == w else -1 for i in range(len(alts)))
-        nl = tuple(l if i == w else False for i, l in enumerate(look))
+        nl = tuple(lk if i == w else False for i, lk in enumerate(look))
         return (na, nc, nl, buf[a:], od if a == 0 else False, tuple(kept))
 
     def _decide(self, core: tuple, length: int) -> Optional[tuple]:

@@ -88,7 +88,8 @@ def test_a_bound_stops_the_search_with_its_stop(tiny, bound, value):
 
 def test_the_sampler_releases_rows_in_order_and_caches_within_its_share(tiny, monkeypatch):
     from relmql.execute import sampling
-    monkeypatch.setattr(sampling, "batch_limit", lambda *a: 10 ** 9)  # a batch of 4 in 100 kB (test_bounds tests the cap)
+    monkeypatch.setattr(sampling, "batch_limit",
+                        lambda *a: 10 ** 9)  # a batch of 4 in 100 kB (test_bounds tests the cap)
     ta = compile(PEOPLE, tiny.vocabulary, "The (man|woman|cat|dog)")
     opts = Sample(12, seed=3, batch_size=4, max_memory=100_000)
     sampler = Sampler(ta, tiny, Decoding(), opts)

@@ -131,8 +131,10 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 TINY = "SET model = 'tiny-gpt2';\n"
-PASSES = TINY + "SELECT text MATCHING ' (a|the)' PROMPT 'Once upon a time there was' LIMIT 1 EXPECT text = ' a' AS 'a';\n"
-FAILS = TINY + "SELECT text MATCHING ' (a|the)' PROMPT 'Once upon a time there was' LIMIT 1 EXPECT text = ' b' AS 'b';\n"
+PASSES = TINY + ("SELECT text MATCHING ' (a|the)' PROMPT 'Once upon a time there was' LIMIT 1 "
+                 "EXPECT text = ' a' AS 'a';\n")
+FAILS = TINY + ("SELECT text MATCHING ' (a|the)' PROMPT 'Once upon a time there was' LIMIT 1 "
+                "EXPECT text = ' b' AS 'b';\n")
 ERRS = TINY + "SELECT text MATCHING '(' LIMIT 1 EXPECT text = 'x' AS 'broken';\n"
 
 

@@ -132,7 +132,8 @@ def report(out: Dict[str, List[dict]], args, figure, seconds: float) -> str:
     from relmql.stats import chi2_independence, format_p
     approx = estimated(out)
     table = ["| configuration | prefix | draws (man / woman) | χ² p-value, sampled | Cramér's V | "
-             "p-value, exact probabilities (5,000 per gender) | paper (GPT-2 XL) |", "|---|---|---|---:|---:|---:|---:|"]
+             "p-value, exact probabilities (5,000 per gender) | paper (GPT-2 XL) |",
+             "|---|---|---|---:|---:|---:|---:|"]
     for prefix in PREFIXES:
         for config in CONFIGS:
             rows = sampled(out, config, prefix)

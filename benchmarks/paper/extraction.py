@@ -170,7 +170,8 @@ def summary(records: list[dict]) -> dict:
             name = f"{kind}-{mode}"
             s[f"seconds_{name}"] = sum(r[name]["seconds"] for r in records) / max(n, 1)
             s[f"stopped_{name}"] = sum(1 for r in records if r[name]["stopped"])
-    s["prompted_rescued"] = sum(1 for r in records if r["prompted-relmql"]["rows"] and not r["prompted-baseline"]["rows"])
+    s["prompted_rescued"] = sum(1 for r in records
+                                if r["prompted-relmql"]["rows"] and not r["prompted-baseline"]["rows"])
     s["prompted_lost"] = sum(1 for r in records if r["prompted-baseline"]["rows"] and not r["prompted-relmql"]["rows"])
     return s
 
@@ -300,7 +301,8 @@ def section(args, records: list[dict], mined: int, cap: int, seconds: float, fig
         "",
         f"relmql extracted {s['prompted_rescued']} of the sentences the baseline could not, and missed "
         f"{s['prompted_lost']} of those it could"
-        + (f" ({s['stopped_prompted-relmql']} relmql searches stopped at max_nodes)" if s['stopped_prompted-relmql'] else "")
+        + (f" ({s['stopped_prompted-relmql']} relmql searches stopped at max_nodes)"
+           if s['stopped_prompted-relmql'] else "")
         + ".",
         "",
         f"![Prompted extraction]({common.link(args, figs[0])})",
@@ -312,8 +314,10 @@ def section(args, records: list[dict], mined: int, cap: int, seconds: float, fig
         (f"| extractions (token sequences) | {s['unprompted_baseline']:,} | {s['unprompted_relmql']:,} | "
         f"{_ratio(s['unprompted_relmql'], s['unprompted_baseline'])} | 93× |"),
         f"| per input | {s['unprompted_baseline'] / max(n, 1):.2f} | {s['unprompted_relmql'] / max(n, 1):.2f} | | |",
-        f"| inputs with at least one | {s['unprompted_baseline_inputs']}/{n} | {s['unprompted_relmql_inputs']}/{n} | | |",
-        f"| searches stopped at max_nodes | {s['stopped_unprompted-baseline']} | {s['stopped_unprompted-relmql']} | | |",
+        (f"| inputs with at least one | {s['unprompted_baseline_inputs']}/{n} | "
+         f"{s['unprompted_relmql_inputs']}/{n} | | |"),
+        (f"| searches stopped at max_nodes | {s['stopped_unprompted-baseline']} | "
+         f"{s['stopped_unprompted-relmql']} | | |"),
         f"| seconds per input | {s['seconds_unprompted-baseline']:.2f} | {s['seconds_unprompted-relmql']:.2f} | | |",
         "",
         ("Neither finds anything: without a prompt, under top-k 40 from the start of text, the model "

@@ -94,5 +94,5 @@ def _spaced_words(vocabulary: Vocabulary) -> bool:
     return any(t is not None and len(t) > 3 and t[0] == 0x20 and t[1:].isalpha() for t in vocabulary.tokens[:2000])
 
 
-__all__ = ["compile", "byte_language", "CompileOptions", "TokenAutomaton", "Arcs", "Language", "LanguageSpec", "ByteDFA",
-           "check_patterns", "compile_language", "memory_bound"]
+__all__ = ["compile", "byte_language", "CompileOptions", "TokenAutomaton", "Arcs", "Language", "LanguageSpec",
+           "ByteDFA", "check_patterns", "compile_language", "memory_bound"]

@@ -216,12 +216,12 @@ def _counts(node: rx.Node):
 
 
 def _merge(a: rx.Node, b: rx.Node) -> Optional[rx.Node]:
-    """x{i,j} x{k,l} = x{i+k,j+l}; None when ``a`` and ``b`` repeat different items."""
+    """x{i,j} x{k,m} = x{i+k,j+m}; None when ``a`` and ``b`` repeat different items."""
     x, i, j = _counts(a)
-    y, k, l = _counts(b)
+    y, k, m = _counts(b)
     if not _same(x, y):
         return None
-    hi = None if j is None or l is None else j + l
+    hi = None if j is None or m is None else j + m
     return _unnest(rx.Repeat((a.span[0], b.span[1]), x, i + k, hi))
 
 
@@ -279,7 +279,8 @@ def _build_seq(node: rx.Seq, max_states: int, source: str) -> pynini.Fst:
     for item in node.items:  # runs of literal characters become one chain
         if isinstance(item, rx.Text):
             text.append(item.text)
-        elif isinstance(item, rx.Chars) and len(item.chars.ranges) == 1 and item.chars.ranges[0][0] == item.chars.ranges[0][1]:
+        elif (isinstance(item, rx.Chars) and len(item.chars.ranges) == 1
+              and item.chars.ranges[0][0] == item.chars.ranges[0][1]):
             text.append(chr(item.chars.ranges[0][0]))
         else:
             if text:

@@ -128,7 +128,8 @@ class TransformersModel(LanguageModel):
         except (OSError, ValueError, KeyError) as e:
             why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
             if local:
-                raise ModelError(f"could not load model {path!r}: transformers cannot read the folder ({why})") from None
+                raise ModelError(f"could not load model {path!r}: transformers cannot read the folder "
+                                 f"({why})") from None
             raise ModelError(f"could not load model {path!r}: it is neither a local folder nor a model in the Hugging "
                              f"Face cache ({why})", hint="downloading from the hub needs network access") from None
         return cls(model.to(dev), tokenizer, name or path)

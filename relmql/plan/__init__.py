@@ -11,6 +11,7 @@ from .planner import (DatasetPlan, ModelRef, Output, Plan, QueryPlan, TestPlan, 
                       iter_rows, plan,
                       plan_row, row_selected, selected_rows, count_selected)
 
-__all__ = ["plan", "plan_row", "check_params", "cell_weight", "row_selected", "selected_rows", "count_selected", "constant", "iter_rows", "QueryPlan", "DatasetPlan", "Plan", "ModelRef", "Output", "TestPlan",
+__all__ = ["plan", "plan_row", "check_params", "cell_weight", "row_selected", "selected_rows", "count_selected",
+           "constant", "iter_rows", "QueryPlan", "DatasetPlan", "Plan", "ModelRef", "Output", "TestPlan",
            "OPTIONS", "OptionSpec", "PlanError", "defaults", "option", "FUNCTIONS", "AGGREGATES", "Env", "escape",
            "evaluate"]

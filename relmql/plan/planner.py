@@ -744,5 +744,6 @@ def row_selected(dplan: DatasetPlan, row: Mapping[str, Any]) -> bool:
         raise _sourced(e, dplan.source) from None
 
 
-__all__ = ["TestPlan", "TESTS", "plan", "plan_row", "row_selected", "selected_rows", "count_selected", "constant", "iter_rows", "QueryPlan", "DatasetPlan", "Plan", "ModelRef", "Output",
+__all__ = ["TestPlan", "TESTS", "plan", "plan_row", "row_selected", "selected_rows", "count_selected", "constant",
+           "iter_rows", "QueryPlan", "DatasetPlan", "Plan", "ModelRef", "Output",
            "OPTIONS", "AGGREGATES"]

@@ -20,8 +20,8 @@ from .lexer import KEYWORDS
 __all__ = ["RelmqlCompleter", "scan"]
 
 # what may follow a complete clause, in the order people write them
-CLAUSES = ("SELECT", "FROM", "MATCHING", "PREFIX", "PROMPT", "WHERE", "USING", "ORDER BY", "SAMPLE", "GROUP BY", "LIMIT",
-           "EXPECT", "FOR EACH ROW IN")
+CLAUSES = ("SELECT", "FROM", "MATCHING", "PREFIX", "PROMPT", "WHERE", "USING", "ORDER BY", "SAMPLE", "GROUP BY",
+           "LIMIT", "EXPECT", "FOR EACH ROW IN")
 STATEMENTS = ("SELECT", "MATCHING", "EXPLAIN", "SET", "SHOW")
 SHOW_WHAT = ("MODELS", "OPTIONS", "FUNCTIONS")
 EXPR_KEYWORDS = ("NOT", "NULL", "TRUE", "FALSE")
@@ -29,8 +29,8 @@ AFTER_OPERAND = {"SELECT": ("AS",), "WHERE": ("AND", "OR", "NOT", "IN", "IS", "M
                  "EXPECT": ("AND", "OR", "AS"),
                  "FOR": ("WHERE", "LIMIT"), "GROUP": ()}
 ORDER_KEYS = ("prob", "total_prob")
-_CLAUSE_WORDS = {"SELECT", "FROM", "MATCHING", "PREFIX", "PROMPT", "WHERE", "EXPECT", "USING", "ORDER", "SAMPLE", "GROUP", "LIMIT",
-                 "SET", "SHOW", "EXPLAIN", "FOR"}
+_CLAUSE_WORDS = {"SELECT", "FROM", "MATCHING", "PREFIX", "PROMPT", "WHERE", "EXPECT", "USING", "ORDER", "SAMPLE",
+                 "GROUP", "LIMIT", "SET", "SHOW", "EXPLAIN", "FOR"}
 _KEYWORDS = set(KEYWORDS)
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*\Z")
 _LONG_WORD = re.compile(r"[A-Za-z0-9_.\-/]*\Z")

@@ -42,7 +42,8 @@ _TERMINALS = {
     "ADD_OP": "'+' or '-'", "MUL_OP": "'/' or '%'", "STAR": "'*'", "SEMICOLON": "';'", "COMMA": "','",
     "LPAR": "'('", "RPAR": "')'", "EQUAL": "'='", "$END": "the end",
 }
-_CLAUSES = ("SELECT", "FROM", "MATCHING", "PREFIX", "PROMPT", "WHERE", "USING", "ORDER", "SAMPLE", "GROUP", "LIMIT", "TEST", "EXPECT")
+_CLAUSES = ("SELECT", "FROM", "MATCHING", "PREFIX", "PROMPT", "WHERE", "USING", "ORDER", "SAMPLE", "GROUP", "LIMIT",
+            "TEST", "EXPECT")
 
 
 def _describe(expected) -> str:
@@ -251,7 +252,8 @@ class _ToAst(Transformer_NonRecursive):
                 name = _CLAUSE_FIELD[kind]
                 if name in values:
                     raise ParseError(f"{word} is given twice in one query", span, self.text,
-                                     hint=f"the first {word} is at line {self.text.count(chr(10), 0, where_from[name]) + 1}")
+                                     hint=f"the first {word} is at line "
+                                          f"{self.text.count(chr(10), 0, where_from[name]) + 1}")
                 values[name] = value
                 where_from[name] = span[0]
         return A.Query(select=select, dataset=dataset, span=_span(meta), **values)

@@ -9,9 +9,9 @@ from . import ast as A
 
 _PRECEDENCE = {"OR": 1, "AND": 2, "NOT": 3, "=": 4, "<>": 4, "<": 4, ">": 4, "<=": 4, ">=": 4, "IN": 4,
                "MATCHES": 4, "IS": 4, "||": 5, "+": 6, "-": 6, "*": 7, "/": 7, "%": 7, "neg": 8}
-_KEYWORDS = {"select", "from", "matching", "matches", "prefix", "prompt", "where", "using", "order", "by", "asc", "desc",
-             "sample", "group", "limit", "as", "and", "or", "not", "in", "is", "null", "true", "false", "explain",
-             "set", "to", "show", "for", "each", "row", "test", "of", "expect"}
+_KEYWORDS = {"select", "from", "matching", "matches", "prefix", "prompt", "where", "using", "order", "by", "asc",
+             "desc", "sample", "group", "limit", "as", "and", "or", "not", "in", "is", "null", "true", "false",
+             "explain", "set", "to", "show", "for", "each", "row", "test", "of", "expect"}
 
 
 def quote(s: str) -> str:
