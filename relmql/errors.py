@@ -73,6 +73,34 @@ class ModelError(Error):
     kind = "model error"
 
 
+class ParseError(Error):
+    """Text that is not a relmql statement."""
+
+    kind = "syntax error"
+
+
+class EncodingError(Error):
+    """A script whose bytes are not UTF-8 text."""
+
+
+class PlanError(Error):
+    """A statement that parses but cannot be planned: unknown names, bad values, missing clauses."""
+
+    kind = "error"
+
+
+class ExecutionError(Error):
+    """A query that cannot run as asked (bad option values, a budget exceeded)."""
+
+    kind = "execution error"
+
+
+class Cancelled(Error):
+    """The query was stopped before it finished."""
+
+    kind = "cancelled"
+
+
 def caret_lines(source: str, span: Span, width: int = 100) -> list:
     """Two lines: the source line that holds ``span[0]`` and ``^^^`` under the span.
 

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 
-from .errors import Error
+from .errors import Cancelled, ExecutionError
 from .memory import DEFAULT_MAX_MEMORY, format_size
 from .stats import DEFAULT_CONFIDENCE
 
@@ -112,18 +112,6 @@ SAMPLE_BATCH_SIZE = 64  # draws per model call
 EXACT_LIMIT = 10_000  # token sequences that probability() sums exactly; more are estimated
 ESTIMATE_SAMPLES = 1000  # the draws behind an estimate of probability()
 BOUND_NODES = 256  # nodes the search reads to bound probability() before it is estimated
-
-
-class ExecutionError(Error):
-    """A query that cannot run as asked (bad option values, a budget exceeded)."""
-
-    kind = "execution error"
-
-
-class Cancelled(Error):
-    """The query was stopped before it finished."""
-
-    kind = "cancelled"
 
 
 _SCOPES: contextvars.ContextVar[tuple] = contextvars.ContextVar("relmql_cancel", default=())

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from ..errors import Error, closest
+from ..errors import Error, PlanError, closest
 from ..syntax import ast as A
 from ..syntax.unparse import unparse
 from ..memory import DEFAULT_MAX_MEMORY, format_size, parse_size
@@ -31,12 +31,6 @@ def shown(value: Any) -> str:
     if isinstance(value, int) and abs(value) >= 10 ** 15:
         return f"{value:.3g}"  # 1e+300, not its 301 digits
     return repr(value)  # a number as Python writes it: -1, 2.5, 3.8e-05
-
-
-class PlanError(Error):
-    """A statement that parses but cannot be planned: unknown names, bad values, missing clauses."""
-
-    kind = "error"
 
 
 

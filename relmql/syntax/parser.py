@@ -10,14 +10,8 @@ from typing import List, Optional
 from lark import Lark, Token, Transformer_NonRecursive, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
-from ..errors import Error, closest
+from ..errors import Error, ParseError, closest
 from . import ast as A
-
-
-class ParseError(Error):
-    """Text that is not a relmql statement."""
-
-    kind = "syntax error"
 
 
 def grammar_path() -> Path:

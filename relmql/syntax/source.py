@@ -7,12 +7,8 @@ import bisect
 import codecs
 from typing import List, Optional, Sequence
 
-from ..errors import Error
+from ..errors import EncodingError
 from . import ast as A
-
-
-class EncodingError(Error):
-    """A script whose bytes are not UTF-8 text."""
 
 
 def decode_script(data: bytes, hint: str = "save the file as UTF-8") -> str:
