@@ -12,7 +12,7 @@ from typing import List, Optional
 from .automata import TokenAutomaton
 from .automata.bytedfa import format_count
 from .engine import Models, compile_plan, load
-from .execute.measure import canonical_part, not_apart, token_sequences
+from .execute.measure import bounds_first, canonical_part, not_apart, token_sequences
 from .memory import format_size, shares
 from .models import LanguageModel
 from .plan import DatasetPlan, Plan, QueryPlan, count_selected, plan_row, selected_rows
@@ -80,7 +80,7 @@ def _lines(plan: QueryPlan, automaton: TokenAutomaton, model: LanguageModel, dat
             (f"estimate: more than {t.exact_limit:,} token sequences" if t.exact_limit else "estimate")
             + _canonical_apart(automaton, t, prefixes) + (
                 f"; first the search's {t.bound_nodes:,} most probable nodes bound it for certain (and sum it "
-                "if they read it whole)" if t.bound_nodes and t.exact_limit and prefixes == 1 else ""))
+                "if they read it whole)" if bounds_first(t, prefixes) else ""))
         if plan.prefix:
             n = prefixes
             add("prefixes", f"{format_count(n)} token path{'s' if n != 1 else ''}; "

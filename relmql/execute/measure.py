@@ -111,8 +111,7 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
         return mass, _chain(prefix_rows(automaton, opts.max_prefix_tokens, reps),
                             shortest_path(automaton, model, rules, opts.exact(), cancel, stats))
     bound = None
-    # the most probable strings first: a bound for certain, or the sum (exact_limit 0, as with SAMPLE n: draws alone)
-    if opts.bound_nodes and opts.exact_limit and prefixes == 1:
+    if bounds_first(opts, prefixes):
         bound, done = _bounded(automaton, model, rules, opts, cancel, stats, reps)
         if done is not None:
             return done
@@ -159,6 +158,13 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
             if floor > max(high, mean * 1.001) and (bound is None or high >= bound.low):
                 stats.floor = floor
     return mass, rows()
+
+
+def bounds_first(opts: Measure, prefixes: int) -> bool:
+    """Whether an estimate is bounded first by the exact search (``execute.bounds``), most probable
+    strings first: for one prefix path, unless ``bound_nodes`` or ``exact_limit`` is 0 (as SAMPLE n
+    sets it: draws alone)."""
+    return bool(opts.bound_nodes and opts.exact_limit) and prefixes == 1
 
 
 def _bounded(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opts: Measure,

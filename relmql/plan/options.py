@@ -16,9 +16,8 @@ from ..memory import DEFAULT_MAX_MEMORY, format_size, parse_size
 from ..models import DEFAULT_MODEL, check_model_name
 from ..records import (BOUND_NODES, DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_MAX_STATES, DTYPES, EDIT_SCOPES,
                        ESTIMATE_SAMPLES, EXACT_LIMIT, MAX_EDITS, MAX_NODES_PER_ROW, MAX_PREFIX_TOKENS, MAX_TOKENS,
-                       SAMPLE_BATCH_SIZE,
-                       SAMPLING_MODES, SEARCH_BATCH_SIZE, SEARCH_MAX_BATCH_SIZE, TOKENIZATIONS, CompileOptions,
-                       Decoding, Sample)
+                       SAMPLE_BATCH_SIZE, SAMPLING_MODES, SEARCH_BATCH_SIZE, SEARCH_MAX_BATCH_SIZE, TOKENIZATIONS,
+                       CompileOptions, Decoding, Sample)
 from ..stats import DEFAULT_CONFIDENCE, MAX_TEST_DRAWS
 
 

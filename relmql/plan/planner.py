@@ -610,14 +610,12 @@ def _plan_dataset(query: A.Query, source: str, settings, params) -> DatasetPlan:
             except Error:
                 groups = ()
     outputs, aggregate, group_by = _select(query, source, groups, several_models(query.model, params))
-    draws, confidence = settings["test_draws"], settings["confidence"]
-    for o in query.using:  # TEST applies to all data rows: its option is read once, not per row
-        if o.name == "test_draws" and o.value is not None:
-            draws = option("test_draws").check(constant(o.value, params, source, "USING test_draws"), o.value.span,
-                                               source)
-        if o.name == "confidence" and o.value is not None:
-            confidence = option("confidence").check(constant(o.value, params, source, "USING confidence"),
-                                                    o.value.span, source)
+    once = {"test_draws": settings["test_draws"], "confidence": settings["confidence"]}
+    for o in query.using:  # TEST and EXPECT apply to all data rows: their options are read once, not per row
+        if o.name in once and o.value is not None:
+            once[o.name] = option(o.name).check(constant(o.value, params, source, f"USING {o.name}"), o.value.span,
+                                                source)
+    draws, confidence = once["test_draws"], once["confidence"]
     return DatasetPlan(source=source, query=query, path=path, settings=tuple(settings.items()),
                        params=tuple(params.items()), outputs=outputs, aggregate=aggregate, group_by=group_by,
                        row_where=d.where, row_limit=row_limit,

@@ -4,11 +4,11 @@ each grouped result (inline SVG drawn by matplotlib; no script, no file beside i
 from __future__ import annotations
 
 import datetime
-from collections import OrderedDict
 from html import escape
-from typing import Dict, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..verdict import Verdict
+from .reports import by_model, totals
 
 COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "inconclusive": "#9a6700", "error": "#6e7781"}
 
@@ -28,7 +28,6 @@ figure { margin: 1em 0 2em; } figcaption { color: #59636e; } svg { max-width: 10
 def to_html(verdicts: Sequence[Verdict], seconds: float, changes: Sequence[str] = ()) -> str:
     """The page: totals, the verdicts (a column per model where there are several), the changes
     from a baseline, and a plot of each result that has groups to compare."""
-    from .reports import totals
     t = totals(verdicts)
     when = datetime.datetime.now().isoformat(timespec="seconds")
     parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>relmql test</title>"
@@ -49,11 +48,8 @@ def to_html(verdicts: Sequence[Verdict], seconds: float, changes: Sequence[str] 
 
 
 def _verdict_table(verdicts: Sequence[Verdict]) -> str:
-    models = list(OrderedDict.fromkeys(v.model or "" for v in verdicts))
+    models, rows = by_model(verdicts)
     if len(models) > 1:
-        rows: Dict[tuple, Dict[str, Verdict]] = OrderedDict()
-        for v in verdicts:
-            rows.setdefault((v.file, v.name), {})[v.model or ""] = v
         head = "<tr><th>expectation</th>" + "".join(f"<th>{escape(m)}</th>" for m in models) + "</tr>"
         body = "".join(f"<tr><td>{escape(name)}</td>" + "".join(
             f"<td>{_status(by[m])} {escape(by[m].value or by[m].message or '')} "

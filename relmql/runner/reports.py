@@ -10,7 +10,7 @@ import os
 import xml.etree.ElementTree as ET
 from collections import OrderedDict
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import Error
 from ..verdict import Verdict
@@ -92,12 +92,9 @@ def to_markdown(verdicts: Sequence[Verdict], seconds: float, changes: Sequence[s
     t = totals(verdicts)
     lines = [f"**relmql test**: {t['pass']} passed, {t['fail']} failed, {t['inconclusive']} inconclusive, "
              f"{t['error']} errors in {seconds:.1f} s", ""]
-    models = list(OrderedDict.fromkeys(v.model or "" for v in verdicts))
+    models, rows = by_model(verdicts)
     if len(models) > 1:
         lines += ["| expectation | " + " | ".join(models) + " |", "|---|" + "---|" * len(models)]
-        rows: Dict[tuple, Dict[str, Verdict]] = OrderedDict()
-        for v in verdicts:
-            rows.setdefault((v.file, v.name), {})[v.model or ""] = v
         for (file, name), by in rows.items():
             cells = [f"{by[m].status} ({by[m].value or by[m].message or '-'}; {by[m].seconds:.1f} s)" if m in by
                      else "" for m in models]
@@ -110,6 +107,16 @@ def to_markdown(verdicts: Sequence[Verdict], seconds: float, changes: Sequence[s
     if changes:
         lines += ["", "Changes from the baseline:", ""] + [f"- {_md(c)}" for c in changes]
     return "\n".join(lines) + "\n"
+
+
+def by_model(verdicts: Sequence[Verdict]) -> Tuple[List[str], Dict[tuple, Dict[str, Verdict]]]:
+    """The models in the order met ("" for the session's), and each expectation (file, name) with
+    its verdict on each model: the grid of a run on several models."""
+    models = list(OrderedDict.fromkeys(v.model or "" for v in verdicts))
+    rows: Dict[tuple, Dict[str, Verdict]] = OrderedDict()
+    for v in verdicts:
+        rows.setdefault((v.file, v.name), {})[v.model or ""] = v
+    return models, rows
 
 
 def _md(text: str) -> str:
@@ -162,4 +169,4 @@ def write_report(path: str, verdicts: Sequence[Verdict], seconds: float, changes
     Path(path).expanduser().write_text(text, encoding="utf-8")
 
 
-__all__ = ["check_writable", "to_json", "to_junit", "to_markdown", "compare", "write_report", "totals"]
+__all__ = ["by_model", "check_writable", "to_json", "to_junit", "to_markdown", "compare", "write_report", "totals"]

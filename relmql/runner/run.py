@@ -13,7 +13,7 @@ from typing import IO, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import Error
 from ..verdict import Verdict
-from .reports import check_writable, compare, totals, write_report
+from .reports import by_model, check_writable, compare, totals, write_report
 
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR, EXIT_CANCELLED = 0, 1, 2, 130
 SUITES = Path(__file__).resolve().parent / "suites"
@@ -197,13 +197,12 @@ def _tell(v: Verdict, path: Path, line: int, model: Optional[str], out: IO[str])
 def _summary(verdicts: Sequence[Verdict], seconds: float, models, changes, out: IO[str]) -> None:
     t = totals(verdicts)
     if len(models) > 1:
-        grid: Dict[tuple, Dict[str, str]] = OrderedDict()
-        for v in verdicts:
-            grid.setdefault((v.file, v.name), {})[v.model] = v.status
+        _, grid = by_model(verdicts)
         width = max([len(n) for _, n in grid] + [11])
         print("\n" + "expectation".ljust(width) + "  " + "  ".join(f"{m:<14}" for m in models), file=out)
         for (_, name), by in grid.items():
-            print(name.ljust(width) + "  " + "  ".join(f"{by.get(m, ''):<14}" for m in models), file=out)
+            print(name.ljust(width) + "  " + "  ".join(f"{by[m].status if m in by else '':<14}" for m in models),
+                  file=out)
     for c in changes:
         print(f"changed: {c}", file=out)
     print(f"\n{t['pass']} passed, {t['fail']} failed, {t['inconclusive']} inconclusive, {t['error']} errors "

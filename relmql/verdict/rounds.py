@@ -59,14 +59,12 @@ def first_round(plan, make_result: Callable[..., Any]) -> Tuple[Any, Callable[[A
 
 
 def bounds_first(plan) -> bool:
-    """Whether a verdict on probability() looks at the search's bound before any draw: a query of
-    one model whose columns are all probability(), with no GROUP BY and no WHERE (its value is the
-    whole language's; the search bounds languages of one prefix path, and sums those it exhausts;
-    the bound's round has no draws for count(*) and the like to read)."""
+    """Whether a verdict on probability() looks at the search's bound before any draw: a query whose
+    columns are all probability() and whose plan bounds it (the planner sets ``bound_nodes`` 0 for
+    GROUP BY, WHERE and several models, where the value is not the whole language's); the bound's
+    round has no draws for count(*) and the like to read."""
     return (isinstance(plan, QueryPlan) and plan.traversal.bound_nodes > 0 and plan.traversal.exact_limit > 0
-            and all(isinstance(o.expr, A.Call) and o.expr.name == "probability" for o in plan.outputs)
-            and not plan.group_by
-            and plan.where is None and len(plan.models) <= 1)
+            and all(isinstance(o.expr, A.Call) and o.expr.name == "probability" for o in plan.outputs))
 
 
 def _judged(plan, verdict):
