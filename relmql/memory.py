@@ -13,8 +13,9 @@ from __future__ import annotations
 import ctypes
 import re
 import sys
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Dict, Hashable, List, Optional, Tuple, Union
 
 DEFAULT_MAX_MEMORY = 2 * 2 ** 30
 
@@ -101,3 +102,66 @@ def return_large_blocks(threshold: int = 2 ** 20) -> None:
         libc.mallopt(_M_MMAP_THRESHOLD, threshold)
     except (OSError, AttributeError):  # not glibc
         pass
+
+
+class Lru:
+    """A least-recently-used cache bounded by the total size its entries declare (bytes by
+    default; give each entry size 1 for a cache bounded by count). The most recent ``keep``
+    entries stay even when they alone pass the budget."""
+
+    def __init__(self, budget: int, keep: int = 1):
+        self.budget = budget  # the most the entries' sizes may add up to
+        self.keep = keep  # entries never evicted to meet the budget (the newest)
+        self.items: "OrderedDict[Hashable, Any]" = OrderedDict()
+        self.sizes: Dict[Hashable, int] = {}
+        self.total = 0  # the sum of the entries' sizes
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.items
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        """The value under ``key``, made the most recent; ``default`` when absent."""
+        if key not in self.items:
+            return default
+        self.items.move_to_end(key)
+        return self.items[key]
+
+    def peek(self, key: Hashable, default: Any = None) -> Any:
+        """The value under ``key`` without making it recent."""
+        return self.items.get(key, default)
+
+    def put(self, key: Hashable, value: Any, size: int = 1) -> List[Tuple[Hashable, Any]]:
+        """Store ``value`` as the most recent entry; returns the entries evicted to meet the budget."""
+        if key in self.items:
+            self.total -= self.sizes[key]
+        self.items[key] = value
+        self.items.move_to_end(key)
+        self.sizes[key] = size
+        self.total += size
+        return self.shrink()
+
+    def pop(self, key: Hashable, default: Any = None) -> Any:
+        """Remove and return the value under ``key`` (``default`` when absent)."""
+        if key not in self.items:
+            return default
+        self.total -= self.sizes.pop(key)
+        return self.items.pop(key)
+
+    def shrink(self, budget: Optional[int] = None) -> List[Tuple[Hashable, Any]]:
+        """Evict the oldest entries until the sizes fit ``budget`` (the cache's own by default);
+        returns them, oldest first."""
+        budget = self.budget if budget is None else budget
+        out = []
+        while self.total > budget and len(self.items) > self.keep:
+            key, value = self.items.popitem(last=False)
+            self.total -= self.sizes.pop(key)
+            out.append((key, value))
+        return out
+
+    def clear(self) -> None:
+        self.items.clear()
+        self.sizes.clear()
+        self.total = 0
