@@ -117,6 +117,29 @@ BOUND_NODES = 256  # nodes the search reads to bound probability() before it is 
 _SCOPES: contextvars.ContextVar[tuple] = contextvars.ContextVar("relmql_cancel", default=())
 
 
+class Listener:
+    """How a running query reaches the one who watches it (a progress bar, a Ray worker, a
+    result's notes); every method does nothing here. ``cancel``, once set, stops the query at its
+    next checkpoint (a ``Cancelled`` error)."""
+
+    cancel: Optional[threading.Event] = None
+
+    def loaded(self, model) -> None:
+        """A query's model is loaded: its compile and search come next."""
+
+    def total(self, n: int, unit: str = "row") -> None:
+        """How many rows (or data rows, sequences, draws) there will be."""
+
+    def progress(self, n: int = 1) -> None:
+        """``n`` more of them are done."""
+
+    def note(self, text: str) -> None:
+        """How far the work on the next row has gone ("" once it is over)."""
+
+    def ended(self, report) -> None:
+        """A query's rows are over (each model's, each data row's): its ``relmql.engine.QueryReport``."""
+
+
 @contextlib.contextmanager
 def cancelling(event: Optional[threading.Event], tick: Optional[Callable[[], None]] = None) -> Iterator[None]:
     """Within this block, ``checkpoint`` raises once ``event`` is set (a statement's compile, which

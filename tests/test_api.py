@@ -413,9 +413,9 @@ class _Terminal(io.StringIO):
 def _on_terminal(monkeypatch) -> _Terminal:
     """Standard error as a terminal, where bars are drawn at once and at every change (in the
     test's body: pytest's capture sets sys.stderr again between a fixture and the test)."""
-    from relmql import api
-    monkeypatch.setattr(api._Progress, "DELAY", 0)
-    monkeypatch.setattr(api._Progress, "MININTERVAL", 0)
+    from relmql.output import bars
+    monkeypatch.setattr(bars.RowBar, "DELAY", 0)
+    monkeypatch.setattr(bars.RowBar, "MININTERVAL", 0)
     err = _Terminal()
     monkeypatch.setattr(sys, "stderr", err)
     return err
@@ -458,10 +458,10 @@ def test_a_bar_that_showed_only_notes_is_taken_off_when_the_query_ends(monkeypat
     """A search that finds no row before a bound ends it shows the nodes it read (notes, no row
     count yet) once it has run for DELAY; its end takes the bar off the line, so that the warning
     (or the shell's "cancelled") is not written after it."""
-    from relmql import api
+    from relmql.output import bars
     con = relmql.connect(model="tiny-gpt2", progress=True)
     err = _on_terminal(monkeypatch)
-    monkeypatch.setattr(api._Progress, "DELAY", 0.05)  # tqdm draws nothing itself before it
+    monkeypatch.setattr(bars.RowBar, "DELAY", 0.05)  # tqdm draws nothing itself before it
     rows = con.sql("SELECT text MATCHING 'a( [a-z]+){3}' PREFIX 'a' USING max_nodes_per_row 200 LIMIT 1")
     assert rows.fetchall() == []
     raw = err.getvalue()

@@ -380,7 +380,7 @@ def test_aggregates_hold_their_rows_within_the_share_of_max_memory(con, monkeypa
     """Aggregates read every row at the end, so the rows they hold count against the traversal's
     share of max_memory: a SAMPLE that cannot fit is refused before it runs, and rows that
     outgrow the share end the query with one message (before the machine's memory runs out)."""
-    from relmql.engine import _Held
+    from relmql.engine.aggregate import _Held
     from relmql.memory import shares
     with pytest.raises(relmql.Error, match=r"SAMPLE 1,000,000,000,000 with aggregates .* \(512 MiB of 2 GiB\)") as info:
         con.sql("SELECT count(*) MATCHING 'a|b' SAMPLE 1000000000000").fetchall()  # at once: no model call

@@ -493,9 +493,9 @@ def test_ctrl_c_is_not_lost_when_it_lands_in_a_finalizer(monkeypatch):
         def __del__(self):
             signal.raise_signal(signal.SIGINT)  # the handler runs here, inside __del__
 
-    def stuck(plan, models, cancel, *args, **kwargs):
+    def stuck(plan, models, listener, *args, **kwargs):
         PressedDuringFinalizer()  # made and dropped at once
-        cancel.wait(20)
+        listener.cancel.wait(20)
         raise Cancelled("the query was cancelled")
         yield
 
@@ -519,9 +519,9 @@ def test_a_failing_second_query_adds_nothing_after_the_first_table(monkeypatch):
 
 @pytest.mark.parametrize("fmt", ["table", "csv"])
 def test_the_progress_bar_never_runs_into_the_rows(monkeypatch, fmt):
-    from relmql import api
-    monkeypatch.setattr(api._Progress, "DELAY", 0)  # drawn at once, redrawn at every row
-    monkeypatch.setattr(api._Progress, "MININTERVAL", 0)
+    from relmql.output import bars
+    monkeypatch.setattr(bars.RowBar, "DELAY", 0)  # drawn at once, redrawn at every row
+    monkeypatch.setattr(bars.RowBar, "MININTERVAL", 0)
     code, raw, _ = run_on_terminal(monkeypatch, "--format", fmt, "-c",
                                    "SELECT text MATCHING '(a|b)(c|d)(e|f)' LIMIT 8;", progress=True)
     assert code == 0

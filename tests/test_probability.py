@@ -1007,10 +1007,11 @@ class _Terminal:
 ])
 def test_progress_for_every_kind_of_query(con, monkeypatch, query, shows):
     import sys
-    from relmql import api
-    monkeypatch.setattr(api._Progress, "DELAY", 0)
-    monkeypatch.setattr(api._Progress, "MININTERVAL", 0)
-    session = api.connect(model="tiny-gpt2", dtype="float32", progress=True)
+    from relmql import connect
+    from relmql.output import bars
+    monkeypatch.setattr(bars.RowBar, "DELAY", 0)
+    monkeypatch.setattr(bars.RowBar, "MININTERVAL", 0)
+    session = connect(model="tiny-gpt2", dtype="float32", progress=True)
     session.models = con.models.copy()
     err = _Terminal()
     monkeypatch.setattr(sys, "stderr", err)

@@ -167,9 +167,9 @@ def test_a_query_cancelled_before_its_first_row_shows_no_table(con, monkeypatch)
     from relmql.execute import Cancelled
     started = threading.Event()
 
-    def stuck(plan, models, cancel, *args, **kwargs):  # a query still looking for its first row
+    def stuck(plan, models, listener, *args, **kwargs):  # a query still looking for its first row
         started.set()
-        cancel.wait(20)
+        listener.cancel.wait(20)
         raise Cancelled("the query was cancelled")
         yield
 
@@ -199,9 +199,9 @@ def test_ctrl_c_is_not_lost_when_it_lands_in_a_finalizer(con, monkeypatch):
     from relmql.repl.shell import Shell
     started = threading.Event()
 
-    def stuck(plan, models, cancel, *args, **kwargs):
+    def stuck(plan, models, listener, *args, **kwargs):
         started.set()
-        cancel.wait(20)
+        listener.cancel.wait(20)
         raise Cancelled("the query was cancelled")
         yield
 

@@ -58,12 +58,19 @@ class Language:
 
 def _parsed(pattern: str, role: str, max_states: int) -> rx.Pattern:
     try:
-        check_source(pattern, max_states)
-        return rx.parse(pattern)
+        return _parse(pattern, max_states)
     except Cancelled:
         raise
     except Error as e:
         raise _role(e, role)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse(pattern: str, max_states: int) -> rx.Pattern:
+    """The syntax tree of ``pattern`` (its nodes are frozen), parsed once for the check before a
+    model loads and the compile after it."""
+    check_source(pattern, max_states)
+    return rx.parse(pattern)
 
 
 def check_patterns(matching: str, prefix: Optional[str], exclude: Sequence[str], max_states: int) -> None:

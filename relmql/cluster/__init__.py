@@ -15,7 +15,7 @@ import functools
 import logging
 import queue
 import threading
-from typing import Callable, Iterator, List, Optional
+from typing import Iterator, List, Optional
 
 from ..errors import Error
 from ..plan import DatasetPlan, ModelRef, QueryPlan, plan_row, selected_rows
@@ -219,36 +219,32 @@ class Statement:
         if self._job is not None:
             self.pool.cancel(self._job)
 
-    def rows(self, cancel: Optional[threading.Event], progress: Optional[Callable[[int], None]],
-             on_total: Optional[Callable[..., None]], masses: list, stops: list,
-             on_note: Optional[Callable[[str], None]] = None) -> Iterator:
+    def rows(self, listener) -> Iterator:
+        """The plan's rows as ``RowEnv``s, in the order the engine computes them in process, and
+        each query's notes from its ``QueryReport`` as in process; returns the reports (a
+        ``relmql.engine.RowSource``)."""
         from ..rowcontext import RowContext
-        from ..engine import (RowEnv, floor_warning, in_data_row, match_regex, no_row_note, no_row_rows_note, say,
-                              stop_warning, stopped_rows_warning)
+        from ..engine import RowEnv, closing_notes, ended, in_data_row, match_regex, say
         job = self._make()
         dataset = isinstance(self.plan, DatasetPlan)
-        if on_total is not None and dataset:
-            on_total(self.rows_total)
-        stopped, empty, floors = [], [], []
-        measured = set()
+        if dataset:
+            listener.total(self.rows_total)
+        reports = []
         current = regex = None
         position = {id(u): i for i, u in enumerate(job.units)}
-        for unit, rows, warnings, note, finished in job.read(cancel):
+        for unit, rows, warnings, note, finished in job.read(listener.cancel):
             at = position[id(unit)]
             for line in warnings.splitlines():  # what the worker wrote on its stderr
                 say(line)
             if unit is not current:
                 current, regex = unit, (match_regex(unit.plan) if unit.plan is not None else None)
             context = RowContext(unit.plan, None, unit.prompt, unit.scores) if unit.plan is not None else None
-            if unit.mass is not None and id(unit) not in measured:
-                measured.add(id(unit))
-                masses.append(unit.mass)
             for row, rank in rows:
-                if progress is not None and not dataset:
-                    progress(1)
+                if not dataset:
+                    listener.progress(1)
                 yield RowEnv(unit.plan, row, rank, regex, unit.mass, context)
-            if note is not None and on_note is not None:  # of the search after these rows
-                on_note(note)
+            if note is not None:  # of the search after these rows
+                listener.note(note)
             if not finished:
                 continue
             if unit.error is not None:
@@ -257,29 +253,13 @@ class Statement:
                 raise unit.error
             if dataset and unit.received == 0 and unit.mass is None:
                 yield RowEnv(unit.plan, None, None, regex, None, context)  # the row still counts, as in-process
-            if unit.floor is not None:
-                floors.append(unit.floor)
-                if not dataset:
-                    say(floor_warning([unit.floor]))
-            if unit.no_row:  # the note before the stop's warning, as in process
-                partial = unit.received > 0 or unit.mass is not None
-                empty.append((unit.plan, unit.no_row, partial, unit.fewest))
-                if not dataset:
-                    say(no_row_note(unit.plan, unit.no_row, partial, stopped=unit.stop is not None,
-                                    fewest=unit.fewest))
-            if unit.stop is not None:
-                stopped.append(unit.stop)
-                stops.append(unit.stop)
-                if not dataset:
-                    say(stop_warning(unit.stop))
-            if progress is not None and dataset and at in self.row_ends:
-                progress(1)
-        if stopped and dataset:
-            say(stopped_rows_warning(stopped, self.rows_total))
-        if empty and dataset:
-            say(no_row_rows_note(empty, self.rows_total))
-        if floors and dataset:
-            say(floor_warning(floors, self.rows_total))
+            ended(unit.report, listener, dataset)
+            reports += [unit.report] if unit.report is not None else []
+            if dataset and at in self.row_ends:
+                listener.progress(1)
+        for line in closing_notes(reports, self.rows_total if dataset else None):
+            say(line)
+        return reports
 
 
 __all__ = ["Cluster", "Statement", "require_ray", "cpu_share", "INSTALL"]

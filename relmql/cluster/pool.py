@@ -1,13 +1,6 @@
-"""An ordered, fault-tolerant map of query plans over a set of worker actors.
-
-A ``Job`` is a list of plans (the data rows of a dataset query, or one query). The ``Pool``
-hands consecutive plans of the queue to the workers in batches, keeps each worker at most
-``depth`` calls ahead (least busy worker first), and collects the ``Piece``s they stream back. A
-job is read in plan order whatever order the workers finish in. A worker that dies is replaced
-by a fresh actor; the plans it had not finished go back to the front of the queue, and their
-rows already received are not sent again, so no row is lost or repeated (plans are pure: the
-same plan gives the same rows).
-"""
+"""An ordered, fault-tolerant map of query plans over worker actors: a ``Job``'s plans go out in
+batches and are read back in plan order; a dead worker's unfinished plans are queued again
+(docs/ray.md, "When a worker dies")."""
 
 from __future__ import annotations
 
@@ -19,7 +12,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from ..errors import Error
 from ..execute import Mass, Row
-from ..records import Cancelled, Stop
+from ..records import Cancelled
 from .worker import Piece
 
 MAX_RETRIES = 3  # deaths of workers running the same plan before its job fails
@@ -35,10 +28,7 @@ class Unit:
     received: int = 0  # rows received in all
     mass: Optional[Mass] = None
     done: bool = False
-    stop: Optional[Stop] = None
-    no_row: Tuple[str, ...] = ()  # why the search found no row, or what cut it short (SearchStats.no_row, .cut)
-    fewest: Optional[int] = None  # the tokens each string takes at least, where none fits (SearchStats.fewest)
-    floor: Optional[float] = None  # an estimate's canonical floor, where it fell below (SearchStats.floor)
+    report: Any = None  # the plan's relmql.engine.QueryReport, once it is done (None: LIMIT 0, or an error)
     warnings: str = ""  # received, not yet shown
     note: Optional[str] = None  # the plan's progress note, received and not yet shown
     error: Optional[BaseException] = None
@@ -231,8 +221,10 @@ class Pool:
             unit.prompt = piece.prompt
         unit.scores.update(piece.scores)
         if piece.done:
-            unit.done, unit.stop, unit.error, unit.no_row = True, piece.stop, piece.error, piece.no_row
-            unit.fewest, unit.floor = piece.fewest, piece.floor
+            unit.done, unit.error, unit.report = True, piece.error, piece.report
+            if piece.report is not None:  # one Mass object for the rows and the report (probability() tells
+                unit.mass = unit.mass if unit.mass is not None else piece.report.mass  # measurements apart by it)
+                piece.report.mass = unit.mass
 
     def _fail(self, call: _Call, error: BaseException) -> None:
         for u in call.units:

@@ -1,18 +1,12 @@
-"""The worker side of the Ray engine: an actor that loads its models once and runs query plans.
-
-``Worker.run(call, plans)`` is a streaming generator: for each plan in turn it yields ``Piece``s
-(the plan's result rows, a few at a time, then one that ends the plan), so that rows stream back
-while a long query is still running and a worker that dies mid-plan loses only what it had not
-yet sent. A plan's rows are computed in a thread of the worker's own, so that while a search
-looks for its next row the worker still sends the rows it holds and how far the search has gone
-(the progress note an in-process query shows). This module does not import Ray:
-``relmql.cluster`` wraps ``Worker`` as an actor.
-"""
+"""The worker side of the Ray engine: an actor that loads its models once and streams back each
+plan's rows in ``Piece``s, then its ``QueryReport`` (docs/ray.md, "What runs where"). It does
+not import Ray: ``relmql.cluster`` wraps ``Worker`` as an actor."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import io
 import threading
 import time
@@ -20,8 +14,10 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import Error
-from ..execute import Mass, Row, Stop
+from ..execute import Mass, Row
 from ..models import ModelCache
+from ..engine import QueryReport
+from ..records import Listener
 
 ROWS_PER_PIECE = 256
 SECONDS_PER_PIECE = 0.2
@@ -32,22 +28,15 @@ class Piece:
     """Part of one plan's result: ``rows`` (each with its rank) continue those sent before;
     ``warnings``: what the plan printed on stderr since the last piece; ``mass``: how a measured
     plan's language was measured (sent once, with the first piece that has it); ``done`` ends the
-    plan, with the ``Stop`` of a search that a bound ended and the ``Error`` it raised, if any;
-    ``no_row``: why the search found no row (``SearchStats.no_row``), if it found none for a reason
-    worth a note, or which bounds cut short a language it exhausted (``SearchStats.cut``), and
-    ``fewest`` (``SearchStats.fewest``); ``floor``: where a local estimate fell below it, its
-    canonical floor (``SearchStats.floor``);
-    ``note``: the plan's progress note when it changed ("compiling the automaton", how many nodes
-    the search for the next row has expanded; "" once over), else None."""
+    plan, with its ``QueryReport`` and the ``Error`` it raised, if any; ``note``: the plan's
+    progress note when it changed ("compiling the automaton", how many nodes the search for the
+    next row has expanded; "" once over), else None."""
 
     unit: int  # position of the plan in the call
     rows: List[Tuple[Row, int]] = field(default_factory=list)
     mass: Optional[Mass] = None
     done: bool = False
-    stop: Optional[Stop] = None
-    no_row: Tuple[str, ...] = ()
-    fewest: Optional[int] = None
-    floor: Optional[float] = None
+    report: Optional[QueryReport] = None  # the plan's report, with ``done`` (its mass None where sent before)
     warnings: str = ""
     error: Optional[Error] = None
     note: Optional[str] = None
@@ -85,74 +74,30 @@ class Worker:
 
     def _plan(self, unit: int, plan, skip: int, cancel: threading.Event) -> Iterator[Piece]:
         from ..engine import query_rows
-        err = io.StringIO()
-        piece = Piece(unit)
-        masses: list = []
-        stopped: list = []
-        empty: list = []
-        floors: list = []
-        notes = ["", ""]  # the latest note, the one last sent
-        seen, sent_mass, last = 0, False, time.monotonic()
-        rows = query_rows(plan, self.models, cancel, stopped=stopped, masses=masses, no_row=empty,
-                          on_note=lambda text: notes.__setitem__(0, text), floors=floors)
-
-        def step():
-            with contextlib.redirect_stderr(err):
-                return next(rows, None)
-
-        def sent(p: Piece, warnings: bool = True) -> Piece:
-            nonlocal last, piece
-            if warnings:  # only between steps: the row thread writes them while it runs
-                p.warnings = err.getvalue()
-                err.seek(0)
-                err.truncate()
-            if notes[0] != notes[1]:
-                p.note = notes[1] = notes[0]
-            piece, last = Piece(unit), time.monotonic()
-            return p
-
-        running = None
+        out = _Pieces(unit, cancel)
+        rows = query_rows(plan, self.models, out)
+        seen, running = 0, None
         try:
             while True:
-                running = self._rows.submit(step)
-                while True:
-                    try:
-                        env = running.result(timeout=max(0.0, SECONDS_PER_PIECE - (time.monotonic() - last)))
-                        break
-                    except concurrent.futures.TimeoutError:  # the next row is a while coming
-                        if piece.rows or notes[0] != notes[1]:
-                            yield sent(piece, warnings=False)
-                        else:
-                            last = time.monotonic()
+                running = self._rows.submit(out.step, rows)
+                env = yield from out.waiting(running)
                 running = None
-                if env is None:
+                if isinstance(env, _Ended):
+                    out.end(env.report)
                     break
                 seen += 1
-                if seen <= skip:
-                    continue
-                piece.rows.append((env.row, env.rank))
-                if env.context is not None and not env.row.miss:
-                    if seen == skip + 1:
-                        piece.prompt = env.context.prompt
-                    for ref in plan.under:  # scored here, where the models are: the driver loads none
-                        piece.scores[(ref.name, env.row.prefix, env.row.completion)] = env.context.score(
-                            ref.name, env.row)
-                if masses and not sent_mass:  # one Mass object per plan: its rows share it
-                    piece.mass, sent_mass = masses[0], True
-                if len(piece.rows) >= ROWS_PER_PIECE or time.monotonic() - last >= SECONDS_PER_PIECE:
-                    yield sent(piece)
+                if seen > skip:
+                    out.add(plan, env, first=seen == skip + 1)
+                    if out.due():
+                        yield out.sent()
         except Error as e:
-            piece.error = e
+            out.piece.error = e
         finally:
             if running is not None and not running.done():  # this call was dropped while a row was computed
                 cancel.set()
                 concurrent.futures.wait([running])
-        piece.done, piece.stop = True, (stopped[0] if stopped else None)
-        piece.no_row, piece.fewest = (empty[0][1], empty[0][3]) if empty else ((), None)
-        piece.floor = floors[0] if floors else None
-        if masses and not sent_mass:
-            piece.mass = masses[0]
-        yield sent(piece)
+        out.piece.done = True
+        yield out.sent()
 
     def cancel(self, call: int) -> bool:
         """Stop call ``call`` before its next model call (or before it starts)."""
@@ -163,3 +108,77 @@ class Worker:
         """This worker's process id and the GPUs Ray gave it (CUDA_VISIBLE_DEVICES)."""
         import os
         return {"pid": os.getpid(), "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+
+
+@dataclass
+class _Ended:
+    """The end of a plan's rows: its report."""
+
+    report: Optional[QueryReport]
+
+
+class _Pieces(Listener):
+    """The pieces of one plan as they fill: its rows, what it wrote on stderr (compile warnings,
+    say), its latest progress note (it is the plan's listener), and when the next is due."""
+
+    def __init__(self, unit: int, cancel: threading.Event):
+        self.unit, self.cancel = unit, cancel
+        self.piece, self.last = Piece(unit), time.monotonic()
+        self.err = io.StringIO()
+        self.latest = self.told = ""  # the latest note, the one last sent
+        self.sent_mass = False
+
+    def note(self, text: str) -> None:
+        self.latest = text
+
+    def step(self, rows):
+        """The plan's next row, or ``_Ended`` (in the row thread, its stderr kept)."""
+        with contextlib.redirect_stderr(self.err):
+            try:
+                return next(rows)
+            except StopIteration as done:
+                return _Ended(done.value)
+
+    def waiting(self, running: concurrent.futures.Future):
+        """The result of ``running``; meanwhile, every SECONDS_PER_PIECE, the rows held or a new note."""
+        while True:
+            try:
+                return running.result(timeout=max(0.0, SECONDS_PER_PIECE - (time.monotonic() - self.last)))
+            except concurrent.futures.TimeoutError:  # the next row is a while coming
+                if self.piece.rows or self.latest != self.told:
+                    yield self.sent(warnings=False)
+                else:
+                    self.last = time.monotonic()
+
+    def add(self, plan, env, first: bool) -> None:
+        """Row ``env`` into the piece (``first``: the first sent): its prompt and its scores under other models."""
+        piece = self.piece
+        piece.rows.append((env.row, env.rank))
+        if env.context is not None and not env.row.miss:
+            if first:
+                piece.prompt = env.context.prompt
+            for ref in plan.under:  # scored here, where the models are: the driver loads none
+                piece.scores[(ref.name, env.row.prefix, env.row.completion)] = env.context.score(ref.name, env.row)
+        if env.mass is not None and not self.sent_mass:  # one Mass object per plan: its rows share it
+            piece.mass, self.sent_mass = env.mass, True
+
+    def end(self, report: Optional[QueryReport]) -> None:
+        """The plan's report into the last piece (its mass not sent again: the driver's rows have it)."""
+        if report is not None and self.sent_mass:
+            report = dataclasses.replace(report, mass=None)
+        self.piece.report = report
+
+    def due(self) -> bool:
+        return len(self.piece.rows) >= ROWS_PER_PIECE or time.monotonic() - self.last >= SECONDS_PER_PIECE
+
+    def sent(self, warnings: bool = True) -> Piece:
+        """The piece to send, a new one begun."""
+        p = self.piece
+        if warnings:  # only between steps: the row thread writes them while it runs
+            p.warnings = self.err.getvalue()
+            self.err.seek(0)
+            self.err.truncate()
+        if self.latest != self.told:
+            p.note = self.told = self.latest
+        self.piece, self.last = Piece(self.unit), time.monotonic()
+        return p
