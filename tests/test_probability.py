@@ -799,7 +799,7 @@ def test_an_estimate_below_its_strings_canonical_probability_is_warned_about(gem
         pieces = list(worker.run(1, [(plan(parse(text)[0], text, s.settings), 0)]))
     finally:
         torch.set_num_threads(threads)
-    assert pieces[-1].done and pieces[-1].floor == pytest.approx(floor, rel=1e-3)
+    assert pieces[-1].done and pieces[-1].report.floor == pytest.approx(floor, rel=1e-3)
     assert not any("at least" in piece.warnings for piece in pieces)
     sound = con.sql("SELECT probability() AS p MATCHING 'The [a-z]{1,4} sat' PREFIX 'The' "
                     "USING tokenization all, estimate_samples 200")
