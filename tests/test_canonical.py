@@ -13,6 +13,7 @@ import pytest
 
 from relmql.automata import CompileOptions, TokenAutomaton, compile
 from relmql.automata.bpe import HashIndex, PairTable
+from relmql.automata.steps import CanonicalSteps
 from relmql.automata.tokens import Arcs
 from relmql.cache import STALE_DAYS, cached_json
 from relmql.errors import CompileError
@@ -289,7 +290,7 @@ def test_arcs_among_a_few_tokens_are_the_arcs_they_pick(request, vocab_name, pat
             if not len(arcs):
                 break
             # tokens at random and every token whose bytes could come next (BPE's rules refuse some)
-            readable = few._dfa_arcs(few.unpack(state)[0])[0]
+            readable = few.bytes.arcs(few.unpack(state)[0])[0]
             picked = np.unique(np.concatenate([rng.integers(0, n, 40), readable]).astype(np.int64))
             sel = arcs.prefix | np.isin(arcs.tokens, picked)  # every prefix arc, the completion arcs picked
             want = Arcs(arcs.tokens[sel], arcs.targets[sel], arcs.prefix[sel])
@@ -347,7 +348,7 @@ def test_arcs_of_a_batch_are_each_states_own_arcs(request, vocab_name, dense, mo
     automaton knows its whole arcs: a chunk of children read again must be the same list). The
     batch finds a byte state's arcs among kept tokens one way (a search of its sorted arcs, or a
     vocabulary-wide array of targets), the state alone the other."""
-    from relmql.automata import tokens
+    from relmql.automata import steps as tokens
     monkeypatch.setattr(tokens, "DENSE_LOOKUP", dense)
     vocab = request.getfixturevalue(vocab_name)
     lang = compile("Visit https://www\\.[a-z0-9./-]{1,30}", vocab, "Visit( the)?").language
@@ -509,7 +510,7 @@ def test_tracker_walks_within_their_budget_answer_as_computed_afresh(smol_vocab)
         assert arcs_along(roomy) == squeezed
         assert len(tracker.walks) > 2
         for (_, tau), (codes, evals) in list(tracker.walks.items())[:5]:
-            assert codes.dtype == np.int16 and np.array_equal(evals[codes], roomy._tracker_walk(tau))
+            assert codes.dtype == np.int16 and np.array_equal(evals[codes], roomy.steps.tracker_walk(tau))
         # a query's share of max_memory for the automaton bounds the walks too (a quarter of it)
         before = len(tracker.walks)
         roomy.set_cache_budget(4 * 3 * (2 * len(smol_vocab.tokens) + 4096))
@@ -545,12 +546,12 @@ def test_look_ahead_extends_the_way_it_found(smol_vocab, monkeypatch):
                      "water so brown. \"It carries the hills with it,\" he told the children, who "
                      "watched the broken branches turn in the current and wondered where they went.")
     steps = [0]
-    step = TokenAutomaton._bpe_step
+    step = CanonicalSteps.bpe_step
 
     def counted(self, *args):
         steps[0] += 1
         return step(self, *args)
-    monkeypatch.setattr(TokenAutomaton, "_bpe_step", counted)
+    monkeypatch.setattr(CanonicalSteps, "bpe_step", counted)
 
     class Forgetful(dict):
         def __setitem__(self, key, value):
@@ -560,7 +561,7 @@ def test_look_ahead_extends_the_way_it_found(smol_vocab, monkeypatch):
         automata._compile.cache_clear()  # an automaton of its own, no arcs known yet
         ta = compile(text + " ([a-z]+)", smol_vocab, text, CompileOptions(prefix_tokenization="canonical"))
         if not remember:
-            ta._alive_via = Forgetful()
+            ta.steps.ahead.via = Forgetful()
         steps[0] = 0
         seen, todo, out = {ta.start}, [ta.start], {}
         while todo:

@@ -1,26 +1,7 @@
-"""Exact acceptors for the patterns whose set of strings depends on Python's backtracking order:
-atomic groups, possessive repetitions, conditionals, and anchors inside the pattern.
-
-The pattern becomes an *ordered* NFA over code-point classes: each choice point lists its
-successors in the order Python's engine tries them (alternatives left to right; a greedy
-repetition first iterates, a lazy one first exits), with nodes for anchors, for the end of each
-capture group that a conditional tests, and for the end of each atomic group. A possessive
-repetition ``x{m,n}+`` is Python's ``(?>(?>x){m,n})``: every iteration commits, and so does the
-count.
-
-``re.fullmatch`` accepts a string iff some path of the NFA reads all of it and respects every
-commitment of an atomic group: when a path takes option t of a choice point inside atomic group
-A (the innermost), the engine reached option t only because no earlier option u < t leads to
-A's end, at any later position. Each such u is an *obligation* of the path: the set of paths from
-u towards A's end (which respect the atomic groups nested in A the same way), run alongside on
-the rest of the input. The path dies when an obligation reaches A's end, and is rid of it when
-it runs out of paths. A subset construction over configurations (NFA node, groups matched so
-far, pending look-ahead of ``$``, obligations) then gives a DFA, checked against ``max_states``.
-
-Python's engine ends a repetition after an optional iteration that matched the empty string
-(it neither iterates again nor fails); a bit per repetition with a nullable item keeps that
-rule within one position.
-"""
+"""Exact acceptors for the patterns whose set of strings depends on Python's backtracking order
+(atomic groups, possessive repetitions, conditionals, anchors inside the pattern): an ordered
+NFA whose paths carry the obligations of the options they passed, and a subset construction over
+those configurations (design: docs/compiler.md, "What a pattern means")."""
 
 from __future__ import annotations
 
@@ -296,11 +277,10 @@ class _Subsets:
         hit = self.closures.get(key)
         if hit is not None:
             return hit
-        nfa = self.nfa
-        kind, arg, extra, atom_of = nfa.kind, nfa.arg, nfa.extra, nfa.atom
+        kind = self.nfa.kind
         out = []
         seen = set()
-        stack = [(node, caps, bits, cons, obl)]
+        stack = [(node, caps, bits, cons, obl)]  # items (node, caps, bits, cons, obl), depth first
         result = None
         while stack:
             item = stack.pop()
@@ -311,65 +291,76 @@ class _Subsets:
             k = kind[n]
             if k == CHAR:
                 out.append(self.config((n, caps, cons, goal, obl)))
-            elif k == EPS:
-                stack.append((arg[n], caps, bits, cons, obl))
             elif k == SPLIT or k == LOOP:
-                if k == SPLIT:
-                    options = arg[n]
-                else:
-                    bit, lazy, body, exit_ = arg[n]
-                    if bits & bit:  # the last optional iteration was empty: Python stops here
-                        options = (exit_,)
-                    else:
-                        options = (exit_, body) if lazy else (body, exit_)
-                end = atom_of[n]
-                if end < 0 or end == goal or len(options) == 1:
-                    for o in options:
-                        stack.append((o, caps, bits, cons, obl))
-                    continue
-                # inside atomic group `end`: option t needs every earlier option to fail
-                acc = obl
-                for o in options:
-                    stack.append((o, caps, bits, cons, acc))
-                    first, fires = self.closure(o, caps, bits, cons, end, 0, where)
-                    if fires:
-                        break  # the engine never gets past this option
-                    if self.sets[first]:
-                        acc = self.intern(self.sets[acc] | self.sets[first])
-            elif k == ASSERT:
-                a = extra[n]
-                if a == "start":
-                    if where == AT_START:
-                        stack.append((arg[n], caps, bits, cons, obl))
-                elif a == "line start":
-                    if where != ELSEWHERE:
-                        stack.append((arg[n], caps, bits, cons, obl))
-                else:
-                    stack.append((arg[n], caps, bits, max(cons, _CONSTRAINT[a]), obl))
-            elif k == CLOSE:
-                stack.append((arg[n], caps | extra[n], bits, cons, obl))
-            elif k == COND:
-                yes, no = arg[n]
-                stack.append((yes if caps & extra[n] else no, caps, bits, cons, obl))
-            elif k == ITER:
-                stack.append((arg[n], caps, bits | extra[n], cons, obl))
-            elif k == RESET:
-                stack.append((arg[n], caps, bits & ~extra[n], cons, obl))
-            elif k == EXIT:
-                if n != goal:
-                    stack.append((arg[n], caps, bits, cons, obl))
-                elif cons == FREE and obl == 0:
+                self._choose(item, goal, where, stack)
+            elif k == EXIT and n == goal:
+                if cons == FREE and obl == 0:
                     result = (0, True)
                     break
-                else:
-                    out.append(self.config((n, 0, cons, goal, obl)))
-            else:  # MATCH: only the path itself gets here (obligations stop at their goal)
+                out.append(self.config((n, 0, cons, goal, obl)))
+            elif k == MATCH:  # only the path itself gets here (obligations stop at their goal)
                 out.append(self.config((n, 0, FREE, goal, obl)))
+            else:
+                nxt = self._follow(item, where)
+                if nxt is not None:
+                    stack.append(nxt)
         self._spend(len(seen))
         if result is None:
             result = (self.intern(out), False)
         self.closures[key] = result
         return result
+
+    def _choose(self, item: tuple, goal: int, where: int, stack: list) -> None:
+        """Push the options of a choice point (SPLIT or LOOP) onto ``stack`` in the order Python's
+        engine tries them; inside an atomic group short of its end, each option with the
+        obligations of the options before it (none past an option that reaches the end at once)."""
+        n, caps, bits, cons, obl = item
+        nfa = self.nfa
+        if nfa.kind[n] == SPLIT:
+            options = nfa.arg[n]
+        else:
+            bit, lazy, body, exit_ = nfa.arg[n]
+            if bits & bit:  # the last optional iteration was empty: Python stops here
+                options = (exit_,)
+            else:
+                options = (exit_, body) if lazy else (body, exit_)
+        end = nfa.atom[n]
+        if end < 0 or end == goal or len(options) == 1:
+            for o in options:
+                stack.append((o, caps, bits, cons, obl))
+            return
+        # inside atomic group `end`: option t needs every earlier option to fail
+        acc = obl
+        for o in options:
+            stack.append((o, caps, bits, cons, acc))
+            first, fires = self.closure(o, caps, bits, cons, end, 0, where)
+            if fires:
+                break  # the engine never gets past this option
+            if self.sets[first]:
+                acc = self.intern(self.sets[acc] | self.sets[first])
+
+    def _follow(self, item: tuple, where: int) -> Optional[tuple]:
+        """The item after an epsilon node with one way on (EPS, ASSERT, CLOSE, COND, ITER, RESET,
+        or EXIT short of the goal); None where an anchor fails at ``where``."""
+        n, caps, bits, cons, obl = item
+        nfa = self.nfa
+        k, arg, extra = nfa.kind[n], nfa.arg[n], nfa.extra[n]
+        if k == ASSERT:
+            if extra == "start":
+                return (arg, caps, bits, cons, obl) if where == AT_START else None
+            if extra == "line start":
+                return (arg, caps, bits, cons, obl) if where != ELSEWHERE else None
+            return (arg, caps, bits, max(cons, _CONSTRAINT[extra]), obl)
+        if k == CLOSE:
+            return (arg, caps | extra, bits, cons, obl)
+        if k == COND:
+            yes, no = arg
+            return (yes if caps & extra else no, caps, bits, cons, obl)
+        if k == ITER:
+            return (arg, caps, bits | extra, cons, obl)
+        if k == RESET:
+            return (arg, caps, bits & ~extra, cons, obl)
+        return (arg, caps, bits, cons, obl)  # EPS, or EXIT short of its goal
 
     # -- reading one character
     def step(self, c: int, atom: int) -> Tuple[int, bool]:

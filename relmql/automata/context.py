@@ -26,7 +26,7 @@ def context_state(vocab: Vocabulary, context: Tuple[int, ...], tracker, pairs) -
 
 
 def _pairs_of(vocab: Vocabulary):
-    from .tokens import _pair_table
+    from .fitting import pair_table as _pair_table
     return _pair_table(vocab)
 
 
