@@ -452,6 +452,20 @@ class Connection:
         """The same as ``sql``."""
         return self.sql(text, params)
 
+    def statements(self, text: str, params: Optional[Mapping[str, Any]] = None) -> List["Connection.Statement"]:
+        """The statements of the script ``text``, parsed (a syntax error is raised here, before any
+        runs), each with ``run()``, which runs it and gives its ``Result`` (lazy for queries): for
+        the shell and the CLI, which show each statement's result (``sql`` gives the last one's)."""
+        return [Connection.Statement(st, lambda st=st: self._statement(st, text, params)) for st in parse(text)]
+
+    class Statement:
+        """One statement of a script (``Connection.statements``)."""
+        __slots__ = ("node", "run")
+
+        def __init__(self, node: A.Node, run: Callable[[], Result]):
+            self.node = node  # the parsed statement (relmql.syntax.ast)
+            self.run = run  # runs it: its Result, made when called (a SET applies then)
+
     def _statement(self, st, text: str, params) -> Result:
         self._check_open()
         if isinstance(st, A.Query):
