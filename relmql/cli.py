@@ -321,7 +321,7 @@ class _Statements:
 
     def __init__(self, con, statements: list, name: str, fmt: str, out: IO[str], err: IO[str], plot, shell):
         from .output import Sink
-        from .output.present import Presenter
+        from .output import Presenter
         self.con, self.statements, self.name, self.fmt, self.out, self.err = con, statements, name, fmt, out, err
         self.plot, self.shell = plot, shell  # ``plot(result, err)`` after each query; the script's meta-commands
         self.presenter = Presenter(err, verdicts=True)

@@ -16,7 +16,7 @@ import time
 from typing import IO, Callable, Iterator, List, Optional, Tuple
 
 from ..errors import Error
-from ..output.present import Presenter
+from ..output import Presenter
 from ..records import cancelling
 from .commands import run_command
 
