@@ -320,8 +320,7 @@ class _Statements:
     ``out`` as it comes; the Ray engine's queries are started ahead (``ahead``: by index)."""
 
     def __init__(self, con, statements: list, name: str, fmt: str, out: IO[str], err: IO[str], plot, shell):
-        from .output import Sink
-        from .output import Presenter
+        from .output import Presenter, Sink
         self.con, self.statements, self.name, self.fmt, self.out, self.err = con, statements, name, fmt, out, err
         self.plot, self.shell = plot, shell  # ``plot(result, err)`` after each query; the script's meta-commands
         self.presenter = Presenter(err, verdicts=True)
