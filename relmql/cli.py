@@ -107,14 +107,37 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _main(args) -> int:
-    params = args.param
-    if args.plot:
-        from .output.plot import check_path
-        try:
-            check_path(args.plot)
-        except Error as e:  # a file that cannot be written
-            print(e.render(), file=sys.stderr)
-            return EXIT_ERROR
+    if args.plot and not _writable_plot(args.plot):
+        return EXIT_ERROR
+    con = _connect(args)
+    if isinstance(con, int):
+        return con
+    _note_ray_only(args)
+    scripts = _scripts(args)
+    if scripts is None:
+        return EXIT_ERROR
+    if not scripts:  # no FILE, no -c, and a terminal: the shell
+        from .repl import run_repl
+        if args.plot:
+            print("note: --plot draws a script's results; in the shell, .plot FILE draws the last query's",
+                  file=sys.stderr)
+        return run_repl(con, mode=args.format, params=args.param, results=args.output)
+    return _run_scripts(args, con, scripts)
+
+
+def _writable_plot(path: str) -> bool:
+    """Whether ``--plot FILE`` can be written (else why not, on standard error)."""
+    from .output.plot import check_path
+    try:
+        check_path(path)
+    except Error as e:  # a file that cannot be written
+        print(e.render(), file=sys.stderr)
+        return False
+    return True
+
+
+def _connect(args):
+    """The session of the command line's settings, or the exit status of a setting it cannot take."""
     try:
         from .api import Connection
         con = Connection(model=args.model, device=args.device, dtype=args.dtype, seed=args.seed,
@@ -125,11 +148,20 @@ def _main(args) -> int:
         from .plan import PlanError  # a GPU or Ray that is not here is not
         print(e.render(), file=sys.stderr)
         return EXIT_USAGE if isinstance(e, PlanError) else EXIT_ERROR
+    return con
+
+
+def _note_ray_only(args) -> None:
     ray_only = [f for f, v in (("--workers", args.workers), ("--ray-address", args.ray_address)) if v is not None]
     if ray_only and args.engine != "ray":
         verb = "apply" if len(ray_only) > 1 else "applies"
         print(f"note: {' and '.join(ray_only)} {verb} to the Ray engine (--engine ray, or SET engine = 'ray' in "
               f"the script); until then queries run in this process", file=sys.stderr)
+
+
+def _scripts(args) -> Optional[List[tuple]]:
+    """(name, text) of each script to run: the -c statements, the FILEs, else standard input where it
+    is not a terminal (none: the shell); None where one cannot be read (said on standard error)."""
     from .syntax import check_text, decode_script
     scripts = []
     try:
@@ -137,31 +169,30 @@ def _main(args) -> int:
             scripts.append(("-c", check_text(c)))
     except Error as e:
         print(e.render(), file=sys.stderr)
-        return EXIT_ERROR
+        return None
     for f in args.files:
         try:
             scripts.append((f, decode_script(Path(f).read_bytes()) if f != "-" else _read_stdin()))
         except Error as e:
             print(e.render("<stdin>" if f == "-" else f), file=sys.stderr)
-            return EXIT_ERROR
+            return None
         except OSError as e:
             print(f"error: cannot read {f}: {e.strerror or e}", file=sys.stderr)
             if isinstance(e, FileNotFoundError) and not Path(f).suffix and "/" not in f:  # relmql help
                 print("hint: FILE arguments are scripts of statements to run; relmql --help lists the options, "
                       "and -c 'SQL' runs a statement", file=sys.stderr)
-            return EXIT_ERROR
-    if not scripts:
-        if sys.stdin.isatty():
-            from .repl import run_repl
-            if args.plot:
-                print("note: --plot draws a script's results; in the shell, .plot FILE draws the last query's",
-                      file=sys.stderr)
-            return run_repl(con, mode=args.format, params=params, results=args.output)
+            return None
+    if not scripts and not sys.stdin.isatty():
         try:
             scripts.append(("<stdin>", _read_stdin()))
         except Error as e:
             print(e.render("<stdin>"), file=sys.stderr)
-            return EXIT_ERROR
+            return None
+    return scripts
+
+
+def _run_scripts(args, con, scripts: List[tuple]) -> int:
+    """Run the scripts in turn, their results to --output or standard output; the exit status."""
     from .output import Sink
     try:
         out = Sink(open(args.output, "w", encoding="utf-8", newline="") if args.output else sys.stdout,
@@ -173,7 +204,7 @@ def _main(args) -> int:
         fmt = _format(args, out)
         plotter = _Plotter(args.plot, args.plot_kind, args.log_scale) if args.plot else None
         for name, text in scripts:
-            code = run_script(con, text, name, params, fmt, out, plot=plotter)
+            code = run_script(con, text, name, args.param, fmt, out, plot=plotter)
             if code:
                 return code
         out.flush()
@@ -274,94 +305,102 @@ def _run_statements(con, text: str, name: str, params, fmt: str, out: IO[str], e
     """``run_script`` for statements alone; with ``shell`` (a script's meta-command state), its
     explain and timer switches apply, and each query's result is kept for ``.plot``; ``progress``
     (a ``StatementProgress``) is told of each statement run."""
-    from .output import started, write
-    from .records import Cancelled
-    from .syntax import ast as A
-    from .syntax import parse
     try:
-        statements = parse(text)
+        statements = con.statements(text, params)
     except Error as e:
         print(e.render(_origin(name)), file=err)
         return EXIT_ERROR
     if not statements and shell is None:
         print(f"note: {name} has no statements", file=err)
-    from .output import Sink
-    tally = out if isinstance(out, Sink) else Sink(out, "the output")  # results and JSON arrays written
-    first = shell.first if shell is not None else not tally.results
-    ahead: Dict[int, object] = {}
-    running: List[object] = []  # the query being read, cancelled by Ctrl-C
-    with _ctrl_c(running) as pressed:
-        progress.add(len(statements))
-        for i, st in enumerate(statements):
-            if i:
-                progress.step()
-            result = None
-            began = time.perf_counter()
-            try:
-                if pressed:  # Ctrl-C whose KeyboardInterrupt was lost between two statements
-                    raise KeyboardInterrupt
-                result = ahead.pop(i, None)
-                if isinstance(result, Error):
-                    raise result
-                if result is None:
-                    result = con._statement(st, text, params)
-                running[:] = [result]
-                if result.kind == "rows" and con.settings["engine"] == "ray":
-                    result.start()
-                    _start_ahead(con, statements, i, text, params, ahead)
-                if result.kind == "status":
-                    _timer(shell, began, err)
-                    continue
-                if shell is not None and shell.explain and result.kind == "rows":
-                    print(result.explain() + "\n", file=err)
-                rows = started(result)  # an error before the first row leaves no separator, header or empty table
-                if fmt == "table" and not first:
-                    out.write("\n")
-                first = False
-                if shell is not None:
-                    shell.first = False
-                if result.kind == "text" and fmt == "table":
-                    for (line,) in rows:
-                        out.write(line + "\n")
-                    _timer(shell, began, err)
-                    continue
-                write(result.columns, rows, fmt, out, stream=fmt == "table" and out.isatty() and result.streams,
-                      kinds=result.kinds)
-                tally.results += 1
-                tally.arrays += fmt == "json"
-                if fmt == "json" and tally.arrays == 2:  # as duckdb writes them; a JSON reader stops at the second
-                    print(f"note: {getattr(out, 'name', 'the output')} holds one JSON array per statement; "
-                          "--format jsonl writes rows that read as one stream", file=err)
-                if result.test_plan is not None:  # beside machine formats, on stderr
-                    print(result.test.summary(), file=out if fmt == "table" else err)
-                if result.expects:
-                    print(result.verdict.line_text(), file=out if fmt == "table" else err)
-                if plot is not None and isinstance(st, A.Query) and result.kind == "rows":
-                    plot(result, err)
-                if shell is not None and result.kind == "rows":
-                    shell.last_result = result
-                _timer(shell, began, err)
-            except Error as e:
-                _cancel(ahead)
-                if isinstance(e, Cancelled) and pressed:  # Ctrl-C, its KeyboardInterrupt lost: see _ctrl_c
-                    print("cancelled", file=err)
-                    return EXIT_CANCELLED
-                print(e.render(_origin(name)), file=err)
-                return EXIT_ERROR
-            except KeyboardInterrupt:
-                if result is not None:
-                    result.cancel()
-                _cancel(ahead)
-                print("cancelled", file=err)
+    return _Statements(con, statements, name, fmt, out, err, plot, shell).run(progress)
+
+
+class _Statements:
+    """A script's statements (of ``Connection.statements``) run in turn, each result written to
+    ``out`` as it comes; the Ray engine's queries are started ahead (``ahead``: by index)."""
+
+    def __init__(self, con, statements: list, name: str, fmt: str, out: IO[str], err: IO[str], plot, shell):
+        from .output import Presenter, Sink
+        self.con, self.statements, self.name, self.fmt, self.out, self.err = con, statements, name, fmt, out, err
+        self.plot, self.shell = plot, shell  # ``plot(result, err)`` after each query; the script's meta-commands
+        self.presenter = Presenter(err, verdicts=True)
+        self.tally = out if isinstance(out, Sink) else Sink(out, "the output")  # results and JSON arrays written
+        self.first = shell.first if shell is not None else not self.tally.results  # no result written yet
+        self.ahead: Dict[int, object] = {}  # results started ahead (or the error of planning one)
+        self.running: List[object] = []  # the query being read, cancelled by Ctrl-C
+
+    def run(self, progress) -> int:
+        """Every statement, until the first error; the exit status."""
+        with _ctrl_c(self.running) as pressed:
+            progress.add(len(self.statements))
+            for i in range(len(self.statements)):
+                if i:
+                    progress.step()
+                code = self.statement(i, pressed)
+                if code is not None:
+                    return code
+            if pressed:
+                print("cancelled", file=self.err)
                 return EXIT_CANCELLED
-            except BrokenPipeError:
-                _quiet_pipe()
-                _cancel(ahead)
-                return 0
-        if pressed:
-            print("cancelled", file=err)
+            return 0
+
+    def statement(self, i: int, pressed: List[int]) -> Optional[int]:
+        """Run statement ``i`` and write its result; an exit status where the script stops there."""
+        from .records import Cancelled
+        result = None
+        began = time.perf_counter()
+        try:
+            if pressed:  # Ctrl-C whose KeyboardInterrupt was lost between two statements
+                raise KeyboardInterrupt
+            result = self.ahead.pop(i, None)
+            if isinstance(result, Error):
+                raise result
+            if result is None:
+                result = self.statements[i].run()
+            self.running[:] = [result]
+            if result.kind == "rows" and self.con.settings["engine"] == "ray":
+                result.start()
+                _start_ahead(self.statements, i, self.ahead)
+            if result.kind != "status":
+                self.show(self.statements[i].node, result)
+            _timer(self.shell, began, self.presenter)
+        except Error as e:
+            _cancel(self.ahead)
+            if isinstance(e, Cancelled) and pressed:  # Ctrl-C, its KeyboardInterrupt lost: see _ctrl_c
+                print("cancelled", file=self.err)
+                return EXIT_CANCELLED
+            print(e.render(_origin(self.name)), file=self.err)
+            return EXIT_ERROR
+        except KeyboardInterrupt:
+            if result is not None:
+                result.cancel()
+            _cancel(self.ahead)
+            print("cancelled", file=self.err)
             return EXIT_CANCELLED
-        return 0
+        except BrokenPipeError:
+            _quiet_pipe()
+            _cancel(self.ahead)
+            return 0
+        return None
+
+    def show(self, node, result) -> None:
+        """Write the result of the statement ``node``: tables apart by a blank line; then draw a
+        query's rows (``plot``) and keep them for the script's ``.plot``."""
+        from .syntax import ast as A
+        shell, fmt, out = self.shell, self.fmt, self.out
+        rows = self.presenter.begin(result, explain=shell is not None and shell.explain)
+        if fmt == "table" and not self.first:
+            out.write("\n")
+        self.first = False
+        if shell is not None:
+            shell.first = False
+        self.presenter.rows(result, rows, fmt, out, stream=fmt == "table" and out.isatty(), tally=self.tally)
+        if result.kind == "text" and fmt == "table":
+            return
+        if self.plot is not None and isinstance(node, A.Query) and result.kind == "rows":
+            self.plot(result, self.err)
+        if shell is not None and result.kind == "rows":
+            shell.last_result = result
 
 
 @contextlib.contextmanager
@@ -396,28 +435,28 @@ def _ctrl_c(running: List[object]):
         sys.unraisablehook = hook
 
 
-def _timer(shell, began: float, err: IO[str]) -> None:
-    """``.timer on`` in a script: the statement's time, on ``err``."""
+def _timer(shell, began: float, presenter) -> None:
+    """``.timer on`` in a script: the statement's time, beside the results."""
     if shell is not None and shell.timer:
-        print(f"time: {time.perf_counter() - began:.3f} s", file=err)
+        presenter.timer(time.perf_counter() - began)
 
 
 AHEAD = 16  # queries started ahead of the one being written (Ray engine)
 
 
-def _start_ahead(con, statements, i: int, text: str, params, ahead: Dict[int, object]) -> None:
+def _start_ahead(statements, i: int, ahead: Dict[int, object]) -> None:
     """Ray engine: plan and start the queries that follow statement ``i``, up to the next
     statement of another kind (a SET changes how later ones are planned), so that the workers run
     them side by side. A query that fails to plan keeps its error for its turn; none after it
     starts."""
     from .syntax import ast as A
     for j in range(i + 1, min(len(statements), i + 1 + AHEAD)):
-        if not isinstance(statements[j], A.Query) or isinstance(ahead.get(j), Error):
+        if not isinstance(statements[j].node, A.Query) or isinstance(ahead.get(j), Error):
             return
         if j in ahead:
             continue
         try:
-            ahead[j] = con._statement(statements[j], text, params)
+            ahead[j] = statements[j].run()
             ahead[j].start()
         except Error as e:
             ahead[j] = e

@@ -101,29 +101,44 @@ def run_repl(con, input=None, output=None, stdout: Optional[IO[str]] = None,
     has one, else sys.stdout), errors to ``stderr`` (default: that same stream when it came from
     ``output``, else sys.stderr).
     """
-    from prompt_toolkit import PromptSession
-    from prompt_toolkit.auto_suggest import AutoSuggestFromHistory
-    from prompt_toolkit.lexers import PygmentsLexer
-
-    from .. import __version__
-    from .completer import RelmqlCompleter
-    from .commands import names
-    from .lexer import RelmqlLexer
-
     if stdout is None and output is not None and hasattr(output, "stdout"):
         stdout = output.stdout
         stderr = stderr or stdout
     shell = Shell(con, stdout or sys.stdout, stderr or sys.stderr, params=params)
     run_command(shell, ".mode table")
     try:
-        if results is not None:
-            shell.set_output(results)  # .output FILE: a .csv or .json file chooses its format
-        if mode is not None:
-            run_command(shell, f".mode {mode}")
+        _set_output(shell, mode, results)
     except Error as e:
         shell.report(e)
         return 1
     history, unsaved = _history()
+    session = _session(con, history, input, output)
+    shell.width = lambda: session.output.get_size().columns
+    _greet(shell, con, results, unsaved)
+    try:
+        _loop(shell, session)
+    finally:
+        shell.close()
+    return 0
+
+
+def _set_output(shell: Shell, mode: Optional[str], results: Optional[str]) -> None:
+    """The starting output file and format (``.output``, ``.mode``)."""
+    if results is not None:
+        shell.set_output(results)  # .output FILE: a .csv or .json file chooses its format
+    if mode is not None:
+        run_command(shell, f".mode {mode}")
+
+
+def _session(con, history, input, output):
+    """The prompt_toolkit session: multi-line statements, their colours, completion and history."""
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.auto_suggest import AutoSuggestFromHistory
+    from prompt_toolkit.lexers import PygmentsLexer
+
+    from .commands import names
+    from .completer import RelmqlCompleter
+    from .lexer import RelmqlLexer
     session: PromptSession = None  # type: ignore[assignment]
     session = PromptSession(
         PROMPT, multiline=True, prompt_continuation=CONTINUATION,
@@ -132,27 +147,31 @@ def run_repl(con, input=None, output=None, stdout: Optional[IO[str]] = None,
         auto_suggest=AutoSuggestFromHistory(), enable_suspend=True,
         key_bindings=_key_bindings(lambda: session.default_buffer),
         input=input, output=output)
-    shell.width = lambda: session.output.get_size().columns
+    return session
+
+
+def _greet(shell: Shell, con, results: Optional[str], unsaved: Optional[str]) -> None:
+    from .. import __version__
     shell.say(f"relmql {__version__} on {con.settings['model']}. Statements end with ';'. "
               "Enter .help for the commands; Ctrl-D exits.")
     if results is not None:
         shell.say(f"results go to {results} ({shell.mode}); .output brings them back here")
     if unsaved:
         shell.warn(unsaved)
-    try:
-        while not shell.done:
-            try:
-                text = session.prompt()
-            except KeyboardInterrupt:  # Ctrl-C at the prompt: the buffer is dropped
-                continue
-            except EOFError:  # Ctrl-D on an empty line
-                break
-            try:
-                shell.handle(text)
-            except KeyboardInterrupt:  # outside a running statement: nothing to cancel
-                shell.warn("cancelled")
-            except Exception as e:  # noqa: BLE001 -- the shell keeps running whatever happens
-                shell.report(e)
-    finally:
-        shell.close()
-    return 0
+
+
+def _loop(shell: Shell, session) -> None:
+    """Read and run buffers until ``.quit`` or Ctrl-D."""
+    while not shell.done:
+        try:
+            text = session.prompt()
+        except KeyboardInterrupt:  # Ctrl-C at the prompt: the buffer is dropped
+            continue
+        except EOFError:  # Ctrl-D on an empty line
+            break
+        try:
+            shell.handle(text)
+        except KeyboardInterrupt:  # outside a running statement: nothing to cancel
+            shell.warn("cancelled")
+        except Exception as e:  # noqa: BLE001 -- the shell keeps running whatever happens
+            shell.report(e)

@@ -10,7 +10,7 @@ after ``USING`` or ``SET`` option names, and an option's choices after it; in ``
 from __future__ import annotations
 
 import re
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from prompt_toolkit.completion import Completer, Completion, PathCompleter
 from prompt_toolkit.document import Document
@@ -187,54 +187,67 @@ class RelmqlCompleter(Completer):
         if prev in ("ORDER", "GROUP"):
             return self._keywords(("BY",))
         clause, at = self._clause(up)
-        if clause == "SET":
-            after = tokens[at + 1:]
-            if not after:
-                return self._options()
-            if len(after) == 1:
-                return self._keywords(("=", "TO"))
-            if len(after) == 2 and after[1].upper() in ("=", "TO"):
-                name = after[0].lower()
-                if name == "model":
-                    return self._models(quoted=True)
-                return [(f"'{c}'", "", None) for c in self.options.get(name, ("", ()))[1]
-                        if c not in ("true", "false")] + \
-                    [(c.upper(), "", None) for c in self.options.get(name, ("", ()))[1] if c in ("true", "false")]
-            return []
-        if clause == "USING":
-            if prev in ("USING", ","):
-                return self._options()
-            name = tokens[-1].lower()
-            if name in self.options and up[-2:-1] in (["USING"], [","]):
-                choices = self.options[name][1]
-                if choices:
-                    return [(c, "", None) for c in choices] + self._keywords(clauses)
-            return self._keywords(clauses)
-        if clause == "ORDER":
-            if prev in ("BY", ","):
-                return [(k, "", None) for k in ORDER_KEYS]
-            if prev in ("ASC", "DESC"):
-                return self._keywords(clauses)
-            return self._keywords(("DESC", "ASC") + clauses)
-        if clause in ("SELECT", "WHERE", "GROUP", "FOR", "EXPECT"):
-            if self._after_operand(tokens):
-                more = AFTER_OPERAND[clause] if prev != "*" else ()
-                return self._keywords(more + (clauses if clause != "FOR" else ()))
-            out = self._columns() + self._functions()
-            if clause == "WHERE":
-                out += self._keywords(EXPR_KEYWORDS)
-            return out
-        if clause == "FROM":  # after a model: another, or the next clause
-            return self._keywords((",",) + clauses)
-        if clause == "PROMPT":
-            if self._after_operand(tokens):
-                return self._keywords(clauses)
-            return [("chat(", "a conversation, rendered by the model's chat template", "chat()")] + self._functions()
-        if clause in ("MATCHING", "PREFIX", "SAMPLE", "LIMIT"):
-            if self._after_operand(tokens):
-                return self._keywords(clauses)
-            return self._functions() if clause in ("MATCHING", "PREFIX") else []
-        return self._keywords(clauses)
+        where = _Where(tokens, up, prev, at, clauses)
+        by_clause = _BY_CLAUSE.get(clause)
+        return by_clause(self, where) if by_clause is not None else self._keywords(clauses)
+
+    def _in_set(self, w: "_Where"):
+        after = w.tokens[w.at + 1:]
+        if not after:
+            return self._options()
+        if len(after) == 1:
+            return self._keywords(("=", "TO"))
+        if len(after) == 2 and after[1].upper() in ("=", "TO"):
+            name = after[0].lower()
+            if name == "model":
+                return self._models(quoted=True)
+            return [(f"'{c}'", "", None) for c in self.options.get(name, ("", ()))[1]
+                    if c not in ("true", "false")] + \
+                [(c.upper(), "", None) for c in self.options.get(name, ("", ()))[1] if c in ("true", "false")]
+        return []
+
+    def _in_using(self, w: "_Where"):
+        if w.prev in ("USING", ","):
+            return self._options()
+        name = w.tokens[-1].lower()
+        if name in self.options and w.up[-2:-1] in (["USING"], [","]):
+            choices = self.options[name][1]
+            if choices:
+                return [(c, "", None) for c in choices] + self._keywords(w.clauses)
+        return self._keywords(w.clauses)
+
+    def _in_order(self, w: "_Where"):
+        if w.prev in ("BY", ","):
+            return [(k, "", None) for k in ORDER_KEYS]
+        if w.prev in ("ASC", "DESC"):
+            return self._keywords(w.clauses)
+        return self._keywords(("DESC", "ASC") + w.clauses)
+
+    def _in_expression(self, w: "_Where"):
+        """SELECT, WHERE, GROUP BY, FOR EACH ROW IN and EXPECT: columns and functions, or what
+        follows an operand."""
+        clause = w.up[w.at]
+        if self._after_operand(w.tokens):
+            more = AFTER_OPERAND[clause] if w.prev != "*" else ()
+            return self._keywords(more + (w.clauses if clause != "FOR" else ()))
+        out = self._columns() + self._functions()
+        if clause == "WHERE":
+            out += self._keywords(EXPR_KEYWORDS)
+        return out
+
+    def _in_models(self, w: "_Where"):  # after a model: another, or the next clause
+        return self._keywords((",",) + w.clauses)
+
+    def _in_prompt(self, w: "_Where"):
+        if self._after_operand(w.tokens):
+            return self._keywords(w.clauses)
+        return [("chat(", "a conversation, rendered by the model's chat template", "chat()")] + self._functions()
+
+    def _in_operand(self, w: "_Where"):
+        """MATCHING, PREFIX, SAMPLE and LIMIT: their one operand, then the next clause."""
+        if self._after_operand(w.tokens):
+            return self._keywords(w.clauses)
+        return self._functions() if w.up[w.at] in ("MATCHING", "PREFIX") else []
 
     @staticmethod
     def _clause(up: List[str]) -> Tuple[Optional[str], int]:
@@ -283,3 +296,21 @@ class RelmqlCompleter(Completer):
 
     def _functions(self):
         return [(f + "(", doc, f + "()") for f, doc in self.functions.items()]
+
+
+class _Where(NamedTuple):
+    """Where the cursor is in a statement, for ``RelmqlCompleter.candidates``."""
+    tokens: List[str]  # the statement's tokens before the cursor's word
+    up: List[str]  # the same, upper-cased
+    prev: str  # the last of ``up``
+    at: int  # the index of the clause the cursor is in
+    clauses: Tuple[str, ...]  # the clauses the statement does not have yet
+
+
+# the candidates inside each clause, by its first word
+_BY_CLAUSE: Dict[str, Callable[[RelmqlCompleter, _Where], list]] = {
+    "SET": RelmqlCompleter._in_set, "USING": RelmqlCompleter._in_using, "ORDER": RelmqlCompleter._in_order,
+    **dict.fromkeys(("SELECT", "WHERE", "GROUP", "FOR", "EXPECT"), RelmqlCompleter._in_expression),
+    "FROM": RelmqlCompleter._in_models, "PROMPT": RelmqlCompleter._in_prompt,
+    **dict.fromkeys(("MATCHING", "PREFIX", "SAMPLE", "LIMIT"), RelmqlCompleter._in_operand),
+}

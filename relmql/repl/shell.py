@@ -16,6 +16,7 @@ import time
 from typing import IO, Callable, Iterator, List, Optional, Tuple
 
 from ..errors import Error
+from ..output import Presenter
 from ..records import cancelling
 from .commands import run_command
 
@@ -78,6 +79,7 @@ class Shell:
                  params=None):
         self.con = con
         self.console = stdout or sys.stdout
+        self.presenter = Presenter(self.console, flush=True)  # results on ``out``, the rest said on ``console``
         self.err = stderr or sys.stderr
         self.out = self.screen = self.console  # results; ``screen``: where ``.output`` goes back to
         self.out_path: Optional[str] = None
@@ -93,8 +95,7 @@ class Shell:
 
     # -- writing
     def say(self, text: str) -> None:
-        self.console.write(text + "\n")
-        self.console.flush()
+        self.presenter.say(text)
 
     def warn(self, text: str) -> None:
         self.err.write(text + "\n")
@@ -188,24 +189,25 @@ class Shell:
         return True
 
     def _run_sql(self, text: str, name: Optional[str]) -> bool:
-        from ..syntax import parse
         try:
-            statements = parse(text)
+            statements = self.con.statements(text, self.params)
         except Error as e:
             self.report(e, name)
             return False
-        for st in statements:
-            if not self.run_statement(st, text, name):
+        for statement in statements:
+            if not self.run_statement(statement, name):
                 return False
         return True
 
-    def run_statement(self, st, text: str, name: Optional[str] = None) -> bool:
-        """Run one parsed statement in a worker thread and show its result."""
+    def run_statement(self, statement, name: Optional[str] = None) -> bool:
+        """Run one statement (of ``Connection.statements``) in a worker thread and show its result:
+        a table row by row as they come, sized to the screen, where rows stream (a query without
+        aggregates); else sized to fit its values."""
         def job(ticket: _Ticket):
-            result = self.con._statement(st, text, self.params)
+            result = statement.run()
             ticket.attach(result)
             if not ticket.stopped:
-                self._show(result)
+                self.presenter.show(result, self.mode, self.out, explain=self.explain, width=self.width)
                 if result.kind == "rows":
                     self.last_result = result
 
@@ -218,7 +220,7 @@ class Shell:
             self.report(error, name)
             return False
         if self.timer:
-            self.say(f"time: {elapsed:.3f} s")
+            self.presenter.timer(elapsed)
         return not stopped
 
     def use_model(self, name: str) -> None:
@@ -279,31 +281,6 @@ class Shell:
                     ticket.cancel()
         worker.join()
         return ticket.stopped, (box[0] if box else None)
-
-    def _show(self, result) -> None:
-        """Write a statement's result: a table row by row as they come, sized to the screen,
-        where rows stream (a query without aggregates); else sized to fit its values."""
-        from ..output import started, write
-        if result.kind == "status":
-            self.say(result.message or "")
-            return
-        if self.explain and result.kind == "rows":
-            self.say(result.explain() + "\n")
-        rows = started(result)  # an error before the first row shows alone, without an empty table
-        if result.kind == "text" and self.mode == "table":
-            for (line,) in rows:
-                self.out.write(line + "\n")
-            self.out.flush()
-            return
-        write(result.columns, rows, self.mode, self.out, stream=result.streams, kinds=result.kinds,
-              width=self.width() if self.width else None)
-        self.out.flush()
-        if getattr(result, "test_plan", None) is not None:  # TEST ...: its outcome under the table
-            if self.mode == "table":
-                self.out.write(result.test.summary() + "\n")
-                self.out.flush()
-            else:
-                self.say(result.test.summary())
 
 
 class ScriptShell(Shell):

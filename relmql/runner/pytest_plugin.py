@@ -27,7 +27,7 @@ class RqlFile(pytest.File):
         from ..syntax import decode_script, parse
         self.text = decode_script(self.path.read_bytes())
         self.statements = parse(self.text)  # a syntax error fails collection, with its caret
-        self.done, self.con = 0, None
+        self.done, self.con, self.runs = 0, None, None
         for i, st in enumerate(self.statements):
             if isinstance(st, A.Query) and st.expect is not None:
                 line = self.text.count("\n", 0, st.span[0]) + 1
@@ -39,11 +39,12 @@ class RqlFile(pytest.File):
         import relmql
         if self.con is None:
             self.con = relmql.connect(progress=False)
-        for st in self.statements[self.done:index]:
-            for _ in self.con._statement(st, self.text, {}):
+            self.runs = self.con.statements(self.text, {})
+        for statement in self.runs[self.done:index]:
+            for _ in statement.run():
                 pass
         self.done = index + 1
-        return self.con._statement(self.statements[index], self.text, {}).verdict
+        return self.runs[index].run().verdict
 
 
 class RqlItem(pytest.Item):

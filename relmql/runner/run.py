@@ -156,7 +156,7 @@ def run_file(path: Path, text: str, statements, model: Optional[str], params, ar
         return [v]
     con = relmql.connect(model=model, device=args.device, dtype=args.dtype, progress=False)
     verdicts = []
-    for st in statements:
+    for st, statement in zip(statements, con.statements(text, params)):
         query = st if isinstance(st, A.Query) else None
         line = text.count("\n", 0, st.span[0]) + 1
         expect = query.expect if query is not None else None
@@ -165,7 +165,7 @@ def run_file(path: Path, text: str, statements, model: Optional[str], params, ar
         if progress is not None:
             progress.at((f"[{model}] " if model else "") + f"{path.name}:{line}")
         try:
-            result = con._statement(st, text, params)
+            result = statement.run()
             if result.expects:
                 verdict = result.verdict
             else:
