@@ -28,7 +28,7 @@ from ..models.vocab import SENTENCEPIECE, Vocabulary
 from ..records import TOKENIZATIONS
 from .bytedfa import SPLIT_COL, ByteDFA, count_strings, format_count, restrict, to_dfa, trim
 from .language import Language
-from .pretokenize import Tracker, added_runs, added_words, rules_for, tracker_for, word_scanner
+from .tokenizers import Tracker, added_runs, added_words, rules_for, tracker_for, word_scanner
 from .trie import VocabTrie, trie_for
 
 CACHE_BYTES = 256 * 2 ** 20  # cached transitions per automaton until a query sets its share of max_memory
@@ -1172,7 +1172,7 @@ def _holds_word(dfa: ByteDFA, scanner: np.ndarray, canonical: Tuple[bool, bool],
 
 @functools.lru_cache(maxsize=8)
 def _pair_table(vocab: Vocabulary):
-    from .bpe import PairTable
+    from .tokenizers.bpe import PairTable
     return PairTable(vocab)
 
 
