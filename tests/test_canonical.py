@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from relmql.automata import CompileOptions, TokenAutomaton, compile
-from relmql.automata.bpe import HashIndex, PairTable
 from relmql.automata.steps import CanonicalSteps
+from relmql.automata.tokenizers.bpe import HashIndex, PairTable
 from relmql.automata.tokens import Arcs
 from relmql.cache import STALE_DAYS, cached_json
 from relmql.errors import CompileError
@@ -486,7 +486,7 @@ def test_tracker_walks_within_their_budget_answer_as_computed_afresh(smol_vocab)
     the same states have the same arcs as with room for all, and each kept walk is the walk."""
     lang = compile("[^a-z]{4}", smol_vocab).language
     tracker = TokenAutomaton(lang, smol_vocab).tracker
-    budget = tracker.walk_budget
+    budget = tracker.walks.budget
 
     def arcs_along(automaton, steps=40, seed=3):
         rng, state, out = np.random.default_rng(seed), automaton.start, []
@@ -501,25 +501,25 @@ def test_tracker_walks_within_their_budget_answer_as_computed_afresh(smol_vocab)
 
     try:
         tracker.walks.clear()
-        tracker.walk_bytes, tracker.walk_budget = 0, 2 * (2 * len(smol_vocab.tokens) + 4096)
+        tracker.walks.budget = 2 * (2 * len(smol_vocab.tokens) + 4096)
         squeezed = arcs_along(TokenAutomaton(lang, smol_vocab))
-        assert 1 <= len(tracker.walks) <= 2 and tracker.walk_bytes <= tracker.walk_budget
+        assert 1 <= len(tracker.walks) <= 2 and tracker.walks.total <= tracker.walks.budget
         tracker.walks.clear()
-        tracker.walk_bytes, tracker.walk_budget = 0, budget
+        tracker.walks.budget = budget
         roomy = TokenAutomaton(lang, smol_vocab)
         assert arcs_along(roomy) == squeezed
         assert len(tracker.walks) > 2
-        for (_, tau), (codes, evals) in list(tracker.walks.items())[:5]:
+        for (_, tau), (codes, evals) in list(tracker.walks.items.items())[:5]:
             assert codes.dtype == np.int16 and np.array_equal(evals[codes], roomy.steps.tracker_walk(tau))
         # a query's share of max_memory for the automaton bounds the walks too (a quarter of it)
         before = len(tracker.walks)
         roomy.set_cache_budget(4 * 3 * (2 * len(smol_vocab.tokens) + 4096))
-        assert tracker.walk_budget == 3 * (2 * len(smol_vocab.tokens) + 4096)
-        assert len(tracker.walks) < before and tracker.walk_bytes <= tracker.walk_budget
-        assert tracker.walk_bytes == sum(a.nbytes for w in tracker.walks.values() for a in w)
+        assert tracker.walks.budget == 3 * (2 * len(smol_vocab.tokens) + 4096)
+        assert len(tracker.walks) < before and tracker.walks.total <= tracker.walks.budget
+        assert tracker.walks.total == sum(a.nbytes for w in tracker.walks.items.values() for a in w)
     finally:
         tracker.walks.clear()
-        tracker.walk_bytes, tracker.walk_budget = 0, budget
+        tracker.walks.budget = budget
 
 
 def test_a_prefix_that_ends_with_a_space_is_warned_about(gpt2_vocab, smol_vocab, gemma_vocab):

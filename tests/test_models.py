@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from relmql.automata import CompileOptions, compile
-from relmql.automata.bpe import PairTable
+from relmql.automata.tokenizers.bpe import PairTable
 from relmql.errors import CompileError, ModelError
 from relmql.models import load_model
 from relmql.models.vocab import SENTENCEPIECE, from_tokenizer

@@ -16,8 +16,11 @@ import pytest
 
 from relmql.automata import CompileOptions, compile
 from relmql.automata.charset import CodepointSet
-from relmql.automata.pretokenize import (GPT2_PATTERN, ChunkRules, _alternative, _atom_codepoints, _Chunker, _Nfa,
-                                         gpt2_rules, rules_for, split_rules, tracker_for)
+from relmql.automata.tokenizers.classes import _atom_codepoints
+from relmql.automata.tokenizers.families import rules_for
+from relmql.automata.tokenizers.rules import GPT2_PATTERN, ChunkRules, _alternative, _Nfa
+from relmql.automata.tokenizers.split import gpt2_rules, split_rules
+from relmql.automata.tokenizers.tracker import _Chunker, tracker_for
 from relmql.errors import ModelError
 from relmql.models.vocab import BYTE_LEVEL, Vocabulary
 
@@ -412,7 +415,7 @@ def test_word_scanner_against_substring_search():
     """WordScanner dies exactly where a text has read one of its words in full, and names an
     overlap exactly where two words' occurrences can overlap (a word inside another, or a word's
     end the beginning of a word, itself included)."""
-    from relmql.automata.pretokenize import WordScanner
+    from relmql.automata.tokenizers.classes import WordScanner
     rng = random.Random(0)
     texts = [bytes(t) for n in range(7) for t in itertools.product(b"abcd", repeat=n)]
     for _ in range(200):

@@ -10,10 +10,10 @@ from typing import Dict, FrozenSet, List, NamedTuple, Optional, Tuple
 import numpy as np
 
 from ..errors import CompileError, ModelError
-from ..models.vocab import SENTENCEPIECE, Vocabulary
+from ..models.vocab import Vocabulary
 from .bytedfa import SPLIT_COL, ByteDFA, count_strings, format_count, restrict, to_dfa, trim
 from .language import Language
-from .pretokenize import Tracker, added_runs, added_words, rules_for, tracker_for, word_scanner
+from .tokenizers import Tracker, added_words, family_of, rules_for, tracker_for, word_scanner
 from .trie import VocabTrie
 
 
@@ -29,7 +29,7 @@ def fit(language: Language, vocabulary: Vocabulary, trie: VocabTrie, canonical: 
             dfa = _absorb_leading(dfa, vocabulary.prepend)
         dfa = _with_prepend(dfa, vocabulary.prepend)
     dfa = _producible(dfa, trie, warnings)
-    if any(canonical) and vocabulary.kind == SENTENCEPIECE:
+    if any(canonical) and not family_of(vocabulary).models_every_text:
         dfa = _canonical_part(dfa, vocabulary, language, canonical, warnings)
     return dfa
 
@@ -206,7 +206,7 @@ def tag_tokens(vocab: Vocabulary) -> Optional[Tuple[np.ndarray, np.ndarray, np.n
     tags = [(w, i) for w, i in zip(words, ids) if vocab.tokens[i] is not None]
     if not tags:
         return None
-    runs = tuple(chr(c).encode("utf-8") for c, _ in added_runs(vocab)[0]) if vocab.kind == SENTENCEPIECE else ()
+    runs = tuple(chr(c).encode("utf-8") for c, _ in family_of(vocab).chunk_runs(vocab))
     if (vocab.prepend or word_scanner(words + runs).overlap is not None
             or any(spec[i].get(k) for _, i in tags for k in ("lstrip", "rstrip", "single_word"))):
         return None
@@ -253,7 +253,7 @@ def _holds_word(dfa: ByteDFA, scanner: np.ndarray, canonical: Tuple[bool, bool],
 
 @functools.lru_cache(maxsize=8)
 def pair_table(vocab: Vocabulary):
-    from .bpe import PairTable
+    from .tokenizers.bpe import PairTable
     return PairTable(vocab)
 
 

@@ -124,7 +124,7 @@ class LookAhead:
 
     def _tracker_ends(self, tau: int, toks: np.ndarray) -> np.ndarray:
         """The tracker state after each of a few tokens from ``tau`` (-1 where rejected)."""
-        cached = self.tracker.walks.get((self.vocabulary.fingerprint, tau))
+        cached = self.tracker.walks.peek((self.vocabulary.fingerprint, tau))
         if cached is not None or not len(toks):
             return cached[1][cached[0][toks]] if cached is not None else np.empty(0, np.int64)
         data = [self.vocabulary.tokens[t] for t in toks.tolist()]

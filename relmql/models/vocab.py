@@ -145,7 +145,7 @@ def from_tokenizer(tokenizer, model_vocab_size: Optional[int] = None, eos_id: Op
         pieces = dict(model["vocab"])
     special = {a["id"] for a in spec.get("added_tokens", []) if a.get("special")}
     added = {a["id"]: a["content"] for a in spec.get("added_tokens", []) if not a.get("special")}
-    kind = _kind(spec)
+    spelling = spelling_of(spec)
     size = max([*pieces.values(), *special, *added, -1]) + 1
     if model_vocab_size is not None:
         size = max(size, model_vocab_size)
@@ -153,47 +153,89 @@ def from_tokenizer(tokenizer, model_vocab_size: Optional[int] = None, eos_id: Op
     for piece, i in pieces.items():
         if i in special:
             continue
-        tokens[i] = _piece_bytes(piece, kind, model) or None  # an empty token spells nothing
+        tokens[i] = spelling.piece_bytes(piece, model) or None  # an empty token spells nothing
     for i, content in added.items():
         tokens[i] = content.encode("utf-8") or None
-    prepend = b" " if kind == SENTENCEPIECE and _prepends_space(spec) else b""
+    prepend = spelling.prepend(spec)
     # Prepend (a normalizer) always puts it in front; Metaspace only where the text lacks it
     unless_there = bool(prepend) and '"Prepend"' not in json.dumps(spec.get("normalizer"))
     if eos_id is None:
         eos_id = tokenizer.eos_token_id
     if bos_id is None:
         bos_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos_id
-    return Vocabulary(tokens, kind, eos_id, bos_id, prepend, tokenizer, spec, unless_there)
+    return Vocabulary(tokens, spelling.kind, eos_id, bos_id, prepend, tokenizer, spec, unless_there)
 
 
-def _kind(spec: dict) -> str:
-    text = json.dumps([spec.get("pre_tokenizer"), spec.get("decoder")])
-    if '"ByteLevel"' in text:
-        return BYTE_LEVEL
-    if "\u2581" in text or "Metaspace" in text or "ByteFallback" in text or spec["model"].get("byte_fallback"):
-        return SENTENCEPIECE
-    if spec["model"]["type"] == "Unigram":
-        return SENTENCEPIECE
-    raise ModelError("unsupported tokenizer: relmql reads byte-level BPE (GPT-2 style) and "
-                     "SentencePiece-style vocabularies")
+class Spelling:
+    """How a family of tokenizers spells text: which tokenizers it holds, the bytes each piece of
+    its vocabulary stands for, and what it puts in front of a text. The vocabulary's half of a
+    tokenizer family; ``automata.tokenizers.families`` extends each with how the family segments
+    text (docs/tokenizers.md)."""
+
+    kind = ""  # ``Vocabulary.kind`` of the family's vocabularies
+
+    def holds(self, spec: dict) -> bool:
+        """Whether the tokenizer of this ``tokenizer.json`` is of the family."""
+        raise NotImplementedError
+
+    def piece_bytes(self, piece: str, model: dict) -> Optional[bytes]:
+        """The bytes a piece of the tokenizer's model vocabulary stands for."""
+        raise NotImplementedError
+
+    def prepend(self, spec: dict) -> bytes:
+        """What the tokenizer puts in front of every text (``Vocabulary.prepend``)."""
+        return b""
 
 
-def _piece_bytes(piece: str, kind: str, model: dict) -> Optional[bytes]:
-    if kind == BYTE_LEVEL:
+class ByteLevelSpelling(Spelling):
+    """Byte-level BPE (GPT-2, SmolLM2, Llama 3): every piece is a string of byte-level symbols."""
+
+    kind = BYTE_LEVEL
+
+    def holds(self, spec: dict) -> bool:
+        return '"ByteLevel"' in json.dumps([spec.get("pre_tokenizer"), spec.get("decoder")])
+
+    def piece_bytes(self, piece: str, model: dict) -> Optional[bytes]:
         try:
             return bytes(_U2B[c] for c in piece)
         except KeyError:
             return piece.encode("utf-8")
-    m = _BYTE_FALLBACK.match(piece)
-    if m and (model.get("byte_fallback") or model["type"] == "Unigram"):
-        return bytes([int(m.group(1), 16)])
-    return piece.replace("\u2581", " ").encode("utf-8")
 
 
-def _prepends_space(spec: dict) -> bool:
-    text = json.dumps([spec.get("normalizer"), spec.get("pre_tokenizer")])
-    if '"Prepend"' in text:
-        return True
-    if "Metaspace" in text:
-        return '"prepend_scheme": "never"' not in text and '"add_prefix_space": false' not in text
-    return False
+class SentencePieceSpelling(Spelling):
+    """SentencePiece-style (Llama 2, Mistral, Gemma): ▁ for space, ``<0xNN>`` byte-fallback pieces,
+    and often a space in front of the text."""
+
+    kind = SENTENCEPIECE
+
+    def holds(self, spec: dict) -> bool:
+        text = json.dumps([spec.get("pre_tokenizer"), spec.get("decoder")])
+        if "\u2581" in text or "Metaspace" in text or "ByteFallback" in text or spec["model"].get("byte_fallback"):
+            return True
+        return spec["model"]["type"] == "Unigram"
+
+    def piece_bytes(self, piece: str, model: dict) -> Optional[bytes]:
+        m = _BYTE_FALLBACK.match(piece)
+        if m and (model.get("byte_fallback") or model["type"] == "Unigram"):
+            return bytes([int(m.group(1), 16)])
+        return piece.replace("\u2581", " ").encode("utf-8")
+
+    def prepend(self, spec: dict) -> bytes:
+        text = json.dumps([spec.get("normalizer"), spec.get("pre_tokenizer")])
+        if '"Prepend"' in text:
+            return b" "
+        if "Metaspace" in text and '"prepend_scheme": "never"' not in text and '"add_prefix_space": false' not in text:
+            return b" "
+        return b""
+
+
+SPELLINGS = (ByteLevelSpelling(), SentencePieceSpelling())  # in the order they are asked ``holds``
+
+
+def spelling_of(spec: dict) -> Spelling:
+    """The family of the tokenizer of this ``tokenizer.json``: the first that holds it."""
+    for spelling in SPELLINGS:
+        if spelling.holds(spec):
+            return spelling
+    raise ModelError("unsupported tokenizer: relmql reads byte-level BPE (GPT-2 style) and "
+                     "SentencePiece-style vocabularies")

@@ -1,19 +1,5 @@
-"""Which adjacent token pairs byte-pair encoding can produce, from the merge list alone.
-
-Within one pre-token chunk, a token sequence is what BPE produces exactly when every token is
-what BPE produces for its own bytes and every adjacent pair is (the "bigram" property of BPE).
-A pair (a, b) is not produced when, encoding the bytes of ``a`` then ``b`` together, some merge
-across their boundary fires before both sides have finished merging on their own.
-
-BPE (as in Hugging Face ``tokenizers``) repeatedly merges the adjacent pair with the lowest merge
-rank, leftmost first. Encoding ``a`` alone, the token that covers its last byte goes through a
-chain ``r_0 → r_1 → … → a``, each alive from the rank that created it until the rank that
-absorbs it; encoding ``b`` alone, the token covering its first byte goes through ``l_0 → … → b``.
-Encoded together, nothing changes until the first cross-boundary merge ``(r_i, l_j)`` of rank ρ
-whose two sides are both alive at ρ — strictly before ``r_i`` is absorbed on the left (a left
-merge of equal rank is further left, so it goes first), and no later than ``l_j`` is absorbed on
-the right (a right merge of equal rank is further right, so the cross merge goes first).
-"""
+"""Which adjacent token pairs byte-pair encoding can produce, from the merge list alone (the
+"bigram" property of BPE within one pre-token chunk). Design: docs/tokenizers.md."""
 
 from __future__ import annotations
 
@@ -21,16 +7,15 @@ import functools
 import hashlib
 import heapq
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..cache import cached_arrays
-from ..errors import ModelError
-from ..models.vocab import BYTE_LEVEL, SENTENCEPIECE, Vocabulary, bytes_to_unicode
-
-if TYPE_CHECKING:
-    from .charset import CodepointSet
+from ...cache import cached_arrays
+from ...errors import ModelError
+from ...models.vocab import Vocabulary
+from ..charset import CodepointSet
+from .families import FAMILIES
 
 INF = np.iinfo(np.int64).max
 Chain = Tuple[Tuple[int, int, int], ...]  # ((token, born, absorbed), ...)
@@ -90,7 +75,7 @@ class PairTable:
     def __init__(self, vocab: Vocabulary):
         spec = vocab.spec
         model = spec.get("model", {})
-        if model.get("type") != "BPE" or vocab.kind not in (BYTE_LEVEL, SENTENCEPIECE):
+        if model.get("type") != "BPE" or vocab.kind not in FAMILIES:
             raise ModelError("canonical tokenization needs a BPE tokenizer (byte-level or SentencePiece-style)")
         if model.get("dropout") or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
             raise ModelError("canonical tokenization does not support BPE dropout or subword affixes")
@@ -99,22 +84,11 @@ class PairTable:
         piece_id: Dict[str, int] = dict(model["vocab"])
         n = len(vocab.tokens)
         self._piece_id, self._merge_list = piece_id, model["merges"]
-        self.kind = vocab.kind
-        if vocab.kind == BYTE_LEVEL:
-            b2u = bytes_to_unicode()
-            self.unit = np.array([piece_id.get(b2u[b], -1) for b in range(256)], np.int64)
-        else:
-            # SentencePiece: a character is a unit when the vocabulary has it ("▁" for space);
-            # one it lacks is its bytes' byte-fallback tokens <0xNN> (see ``units``)
-            self.char_unit: Dict[str, int] = {k: v for k, v in piece_id.items() if len(k) == 1 and k != " "}
-            if "\u2581" in self.char_unit:
-                self.char_unit[" "] = self.char_unit.pop("\u2581")
-            fallback = model.get("byte_fallback")
-            self.fallback = np.array([piece_id.get(f"<0x{b:02X}>", -1) if fallback else -1 for b in range(256)],
-                                     np.int64)
+        # what BPE starts from: bytes (byte-level) or characters with byte fallback (SentencePiece)
+        self.symbols = FAMILIES[vocab.kind].bpe_symbols(piece_id, model)
         edges = self._edges(vocab)
-        if vocab.kind == SENTENCEPIECE:
-            self.fallback_splits = bool(edges["fallback_splits"])
+        # a character the vocabulary lacks is a chunk of its own (``CharSymbols._fallback_splits``)
+        self.fallback_splits = bool(edges.get("fallback_splits", False))
         # the merges by left token, then rank (left, rank, right), for ``forbidden_after``
         self._by_left = (edges["merge_left"], edges["merge_rank"], edges["merge_right"])
         self.self_canonical = edges["own"]
@@ -182,8 +156,7 @@ class PairTable:
                    "classes": np.array([e for c in classes for e in c], np.int64).reshape(-1, 3),
                    "merge_left": m[by_left, 0], "merge_rank": m[by_left, 2], "merge_right": m[by_left, 1],
                    "pair_keys": keys[by_key], "pair_ranks": m[by_key, 2]}
-            if self.kind == SENTENCEPIECE:
-                out["fallback_splits"] = np.array(self._fallback_splits(self._piece_id))
+            out.update(self.symbols.edge_extras(self.merges, self._piece_id))
             return out
 
         return cached_arrays(f"bpe-edges-{_SOURCE}-{vocab.fingerprint}", build,
@@ -205,41 +178,23 @@ class PairTable:
 
     def units(self, data: bytes) -> Optional[List[int]]:
         """The symbols BPE starts from for ``data`` (None where a character has none)."""
-        if self.kind == BYTE_LEVEL:
-            syms = [int(self.unit[b]) for b in data]
-        else:
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError:
-                return None
-            syms = []
-            for c in text:
-                u = self.char_unit.get(c)
-                if u is not None:
-                    syms.append(u)
-                else:
-                    syms.extend(int(self.fallback[b]) for b in c.encode("utf-8"))
+        syms = self.symbols.units(data)
         return None if not syms or any(s < 0 for s in syms) else syms
 
-    def _fallback_splits(self, piece_id: Dict[str, int]) -> bool:
-        """Whether a character the vocabulary lacks (above ASCII) is a hard boundary spelt only by
-        its bytes' fallback tokens: every byte has one, no merge involves one (so BPE never merges
-        across it), and no token holds a character that is not a unit (so no other token spells
-        it)."""
-        high = set(self.fallback[0x80:].tolist())
-        if -1 in high:
-            return False
-        if any(ia in high or ib in high for ia, ib in self.merges):
-            return False
-        return all(len(k) == 1 or all(c in self.char_unit or c == "\u2581" for c in k)
-                   for k, v in piece_id.items() if v not in high)
+    @property
+    def fallback(self) -> Optional[np.ndarray]:
+        """Each byte's byte-fallback token (-1: none), for SentencePiece-style vocabularies."""
+        return self.symbols.fallback
+
+    @property
+    def char_unit(self) -> Dict[str, int]:
+        """The characters a SentencePiece-style vocabulary has as units, and their tokens."""
+        return self.symbols.char_unit
 
     def known(self) -> CodepointSet:
         """The characters a SentencePiece vocabulary has as units, and every ASCII character
         (the rest are spelt with several byte-fallback tokens)."""
-        from .charset import CodepointSet
-        cps = {ord(c) for c in self.char_unit} | set(range(0x80))
-        return CodepointSet((c, c) for c in sorted(cps))
+        return self.symbols.known()
 
     def encode_chunk(self, data: bytes) -> Tuple[List[int], Chain, Chain]:
         """BPE of one chunk's bytes, with the chains of tokens covering its first and last unit."""
