@@ -490,7 +490,7 @@ def test_a_dataset_is_read_as_its_rows_are_needed(con, jsonl, monkeypatch):
     line beyond it is no error), and no pass holds the whole file (a count of the rows, for the
     progress total and the notes, comes first, so a damaged line within it stops the query
     before any model call)."""
-    from relmql.plan import planner
+    from relmql.plan import datasets as planner
     with open(jsonl, "a", encoding="utf-8") as f:
         f.write("{not json\n")
     read = []

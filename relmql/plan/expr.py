@@ -1,70 +1,25 @@
-"""Expressions: the functions of the language and their evaluation over an environment.
-
-Values are Python values: str, int, float, bool, None (NULL), tuples (token ids) and lists
-(what ``lines`` returns). Comparisons are two-valued: NULL equals only NULL, so a dataset row
-whose query found nothing counts as a miss in ``avg(group(1) = :target)``. Arithmetic on NULL
-gives NULL; aggregates skip NULLs; ``count(*)`` counts rows.
-"""
+"""Expressions: the language's operators, aggregates and row functions, their evaluation over an
+environment, and the checks of calls before a query runs (docs/architecture.md, "Planning"; the
+scalar functions are ``relmql.plan.functions``)."""
 
 from __future__ import annotations
 
-import decimal
 import math
 import operator
 import re
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, List, Optional
 
-from .. import stats
 from ..errors import RegexError
 from ..records import COLUMN_KINDS, COMPUTED_KINDS
 from ..syntax import ast as A
-from ..syntax.source import string_offsets
 from ..syntax.regexes import compiled, escape
+from ..syntax.source import string_offsets
 from ..syntax.unparse import quote
+from .functions import FUNCTIONS, Function
 from .options import PlanError, shown, whole_number
 
-
-
-def _words(s: str, exclude=None) -> str:
-    seen = []
-    drop = {w.lower() for w in (exclude or [])}
-    for w in re.findall(r"\w+", s):
-        if w not in seen and w.lower() not in drop:
-            seen.append(w)
-    if not seen:
-        return "(?!)"  # matches nothing; planner reports the empty language
-    return "(?:" + "|".join(escape(w) for w in seen) + ")"
-
-
-def _any_of(items) -> str:
-    items = list(items) if isinstance(items, (list, tuple)) else [items]
-    return "(?:" + "|".join(escape(str(i)) for i in items) + ")" if items else "(?!)"
-
-
-def _lines(path: str) -> list:
-    p = Path(path).expanduser()
-    try:
-        text = p.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of the first line
-    except FileNotFoundError:
-        raise ValueError(f"no file {path!r} (relative paths start at {Path.cwd()})") from None
-    except OSError as e:
-        raise ValueError(f"cannot read {path!r}: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise ValueError(f"cannot read {path!r}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
-
-
-def _last_word(s: str) -> str:
-    parts = s.split()
-    return parts[-1] if parts else ""
-
-
-def _drop_last_word(s: str) -> str:
-    s = s.rstrip()
-    cut = max(s.rfind(" "), s.rfind("\n"), s.rfind("\t"))
-    return s[:cut].rstrip() if cut >= 0 else ""
+__all__ = ["AGGREGATES", "FUNCTIONS", "Function", "ROW_FUNCTIONS", "OTHER_NAMES", "Env", "evaluate", "truth",
+           "kind", "is_aggregate", "weighs_cells", "is_probability", "check_calls", "escape"]
 
 
 def _regex_error(e: re.error, node: A.Node, what: str = "") -> RegexError:
@@ -80,35 +35,6 @@ def _regex_error(e: re.error, node: A.Node, what: str = "") -> RegexError:
     return RegexError(f"{what}{e.msg}, at character {pos + 1} of the regex", node.span)
 
 
-def _regexp_extract(s: str, pattern: str, group=0):
-    regex = compiled(pattern)
-    if not 0 <= group <= regex.groups:  # as group(n) is, whether or not this row matches
-        raise ValueError(f"no group {group}: the regex has {regex.groups} group{'s' if regex.groups != 1 else ''} "
-                         f"(0 is the whole match)")
-    m = regex.search(s)
-    return None if m is None else m.group(group)
-
-
-def _regexp_replace(s: str, pattern: str, replacement: str) -> str:
-    regex = compiled(pattern)  # a bad regex: re.error, reported as one
-    try:
-        return regex.sub(replacement, s)
-    except re.error as e:  # the regex is fine: the replacement refers to what it does not have
-        raise ValueError(f"bad replacement {shown(replacement)}: {e}") from None
-
-
-def _round(x, n=0):
-    """``x`` to ``n`` decimals, halves away from zero as SQL rounds (2.5 to 3, -2.5 to -3,
-    0.125 to 0.13: the number as written, not its nearest binary fraction)."""
-    if not math.isfinite(x):
-        return float(x)
-    d, n = decimal.Decimal(repr(float(x))), int(n)
-    if n >= -d.as_tuple().exponent:  # no more decimals than that already (1e300, or 400 of them)
-        return float(x)
-    context = decimal.Context(prec=max(28, d.adjusted() + n + 2), rounding=decimal.ROUND_HALF_UP)
-    return float(d.quantize(decimal.Decimal(1).scaleb(-n), context=context))
-
-
 def _mod(a, b):
     """SQL's remainder: the sign of the dividend (-7 % 3 is -1, as in DuckDB and PostgreSQL)."""
     if isinstance(a, int) and isinstance(b, int):
@@ -116,69 +42,6 @@ def _mod(a, b):
         return -r if a < 0 else r
     return math.fmod(a, b)
 
-
-def _exp(x: float) -> float:
-    try:
-        return math.exp(x)
-    except OverflowError:  # past the largest float, as float arithmetic gives
-        return math.inf
-
-
-def _ln(x: float) -> float:
-    if x < 0:
-        raise ValueError(f"the logarithm of a negative number ({x!r}) is undefined")
-    return math.log(x) if x > 0 else -math.inf  # ln(0): the log-probability of an impossible string
-
-
-@dataclass(frozen=True)
-class Function:
-    """A scalar function: ``impl`` on argument values; ``types`` names each argument's type, ``kind``
-    the kind of its values (``relmql.records.KINDS``)."""
-
-    name: str
-    impl: Callable
-    types: tuple
-    optional: int
-    doc: str
-    kind: str = "text"
-
-
-def _f(name, impl, types, doc, optional=0, kind="text"):
-    return Function(name, impl, types, optional, doc, kind)
-
-
-FUNCTIONS: Dict[str, Function] = {f.name: f for f in (
-    _f("escape", escape, ("text",), "a regex that matches exactly the text"),
-    _f("words", _words, ("text", "list"), "a regex matching any one word (\\w+) of the text, "
-       "optionally leaving out the words of a list", optional=1),
-    _f("any_of", _any_of, ("list",), "a regex matching any one item of a list, each escaped"),
-    _f("lines", _lines, ("text",), "the non-empty lines of a text file (a list)"),
-    _f("last_word", _last_word, ("text",), "the last whitespace-separated word"),
-    _f("drop_last_word", _drop_last_word, ("text",), "the text without its last word"),
-    _f("regexp_extract", _regexp_extract, ("text", "text", "int"),
-       "the first match of a regex in the text (or one of its groups); NULL if none", optional=1),
-    _f("regexp_replace", _regexp_replace, ("text", "text", "text"),
-       "the text with every match of a regex replaced"),
-    _f("replace", lambda s, a, b: s.replace(a, b), ("text", "text", "text"), "the text with a substring replaced"),
-    _f("lower", str.lower, ("text",), "lower case"),
-    _f("upper", str.upper, ("text",), "upper case"),
-    _f("trim", str.strip, ("text",), "without leading and trailing whitespace"),
-    _f("length", len, ("sized",), "characters of a text, items of a list or tokens", kind="number"),
-    _f("round", _round, ("number", "int"), "a number rounded to n decimals", optional=1, kind="number"),
-    _f("exp", _exp, ("number",), "e to the power x", kind="number"),
-    _f("ln", _ln, ("number",), "the natural logarithm (of 0: -inf)", kind="number"),
-    _f("abs", abs, ("number",), "the absolute value", kind="number"),
-    _f("ci_low", lambda x: stats.ci_bound(x, "low"), ("number",),
-       "the lower end of probability()'s interval (the value itself when exact)", kind="number"),
-    _f("ci_high", lambda x: stats.ci_bound(x, "high"), ("number",),
-       "the upper end of probability()'s interval (the value itself when exact)", kind="number"),
-    _f("wilson_low", lambda k, n, c=stats.DEFAULT_CONFIDENCE: stats.wilson(k, n, c)[0],
-       ("number", "number", "number"), "the lower end of the Wilson interval of k successes in n trials "
-       f"(confidence {stats.DEFAULT_CONFIDENCE:g} unless given)", optional=1, kind="number"),
-    _f("wilson_high", lambda k, n, c=stats.DEFAULT_CONFIDENCE: stats.wilson(k, n, c)[1],
-       ("number", "number", "number"), "the upper end of the Wilson interval of k successes in n trials",
-       optional=1, kind="number"),
-)}
 
 AGGREGATES = {"count": "the number of rows (or of non-NULL values)", "sum": "the sum of the values",
               "avg": "the mean of the values (true counts as 1)", "min": "the least value",
@@ -293,75 +156,102 @@ _ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator
 
 def evaluate(node: A.Node, env: Env) -> Any:
     """The value of ``node`` in ``env``."""
-    if isinstance(node, A.Literal):
-        return node.value
-    if isinstance(node, A.Param):
-        return env.param(node)
-    if isinstance(node, A.Column):
-        return env.column(node)
-    if isinstance(node, A.Unary):
-        v = evaluate(node.operand, env)
-        if node.op == "NOT":
-            return not truth(v, node.operand)
-        if v is None:
-            return None
-        return -_need_number(v, node.operand)
-    if isinstance(node, A.Binary):
-        if node.op == "AND":
-            return truth(evaluate(node.left, env), node.left) and truth(evaluate(node.right, env), node.right)
-        if node.op == "OR":
-            return truth(evaluate(node.left, env), node.left) or truth(evaluate(node.right, env), node.right)
-        a, b = evaluate(node.left, env), evaluate(node.right, env)
-        if node.op == "||":
-            if a is None or b is None:
-                return None
-            return _text(a, node.left) + _text(b, node.right)
-        if node.op in _COMPARE:
-            if a is None or b is None:
-                return (a is None and b is None) if node.op == "=" else \
-                    (not (a is None and b is None)) if node.op == "<>" else False
-            if isinstance(a, str) != isinstance(b, str) and _number_of(a) is not None and \
-                    _number_of(b) is not None:  # '2' = 2: a parameter's or a CSV field's text
-                a, b = _number_of(a), _number_of(b)
-            try:
-                return _COMPARE[node.op](a, b)
-            except TypeError:
-                raise PlanError(f"cannot compare {_kind(a)} with {_kind(b)}", node.span) from None
-        if a is None or b is None:
-            return None
-        a, b = _need_number(a, node.left), _need_number(b, node.right)
-        if node.op in "/%" and b == 0:
-            return None
-        return _ARITH[node.op](a, b)
-    if isinstance(node, A.InList):
-        v = evaluate(node.operand, env)
-        items = []
-        for item in node.items:
-            value = evaluate(item, env)
-            if len(node.items) == 1 and isinstance(item, A.Call) and isinstance(value, (list, tuple)):
-                items.extend(value)
-            else:
-                items.append(value)
-        return (v in items) != node.negated
-    if isinstance(node, A.Matches):
-        v = evaluate(node.operand, env)
-        pattern = _text(evaluate(node.pattern, env), node.pattern)
-        if v is None:
-            return node.negated
-        try:
-            found = compiled(pattern).fullmatch(_text(v, node.operand)) is not None
-        except re.error as e:
-            raise _regex_error(e, node.pattern) from None
-        except (OverflowError, RecursionError) as e:
-            raise RegexError(f"pattern too complex for Python's re: {e}", node.pattern.span) from None
-        return found != node.negated
-    if isinstance(node, A.IsNull):
-        return (evaluate(node.operand, env) is None) != node.negated
-    if isinstance(node, A.Call):
-        return _call(node, env)
+    step = _EVALUATE.get(type(node))
+    if step is None:
+        return _other(node, env)
+    return step(node, env)
+
+
+def _other(node: A.Node, env: Env) -> Any:
+    """``evaluate`` of a node whose type is not in ``_EVALUATE`` (a subclass of one, or none)."""
+    for node_type, step in _EVALUATE.items():
+        if isinstance(node, node_type):
+            return step(node, env)
     if isinstance(node, A.Star):
         raise PlanError("* is only allowed in SELECT * and count(*)", node.span)
     raise PlanError(f"cannot evaluate {type(node).__name__}", getattr(node, "span", None))
+
+
+def _unary(node: A.Unary, env: Env) -> Any:
+    v = evaluate(node.operand, env)
+    if node.op == "NOT":
+        return not truth(v, node.operand)
+    if v is None:
+        return None
+    return -_need_number(v, node.operand)
+
+
+def _binary(node: A.Binary, env: Env) -> Any:
+    if node.op == "AND":
+        return truth(evaluate(node.left, env), node.left) and truth(evaluate(node.right, env), node.right)
+    if node.op == "OR":
+        return truth(evaluate(node.left, env), node.left) or truth(evaluate(node.right, env), node.right)
+    a, b = evaluate(node.left, env), evaluate(node.right, env)
+    if node.op == "||":
+        if a is None or b is None:
+            return None
+        return _text(a, node.left) + _text(b, node.right)
+    if node.op in _COMPARE:
+        return _compare(node, a, b)
+    if a is None or b is None:
+        return None
+    a, b = _need_number(a, node.left), _need_number(b, node.right)
+    if node.op in "/%" and b == 0:
+        return None
+    return _ARITH[node.op](a, b)
+
+
+def _compare(node: A.Binary, a, b) -> bool:
+    """``a`` and ``b`` compared by ``node``'s operator: NULL equals only NULL, and is less than nothing."""
+    if a is None or b is None:
+        return (a is None and b is None) if node.op == "=" else \
+            (not (a is None and b is None)) if node.op == "<>" else False
+    if isinstance(a, str) != isinstance(b, str) and _number_of(a) is not None and \
+            _number_of(b) is not None:  # '2' = 2: a parameter's or a CSV field's text
+        a, b = _number_of(a), _number_of(b)
+    try:
+        return _COMPARE[node.op](a, b)
+    except TypeError:
+        raise PlanError(f"cannot compare {_kind(a)} with {_kind(b)}", node.span) from None
+
+
+def _in_list(node: A.InList, env: Env) -> bool:
+    v = evaluate(node.operand, env)
+    items = []
+    for item in node.items:
+        value = evaluate(item, env)
+        if len(node.items) == 1 and isinstance(item, A.Call) and isinstance(value, (list, tuple)):
+            items.extend(value)
+        else:
+            items.append(value)
+    return (v in items) != node.negated
+
+
+def _matches(node: A.Matches, env: Env) -> bool:
+    v = evaluate(node.operand, env)
+    pattern = _text(evaluate(node.pattern, env), node.pattern)
+    if v is None:
+        return node.negated
+    try:
+        found = compiled(pattern).fullmatch(_text(v, node.operand)) is not None
+    except re.error as e:
+        raise _regex_error(e, node.pattern) from None
+    except (OverflowError, RecursionError) as e:
+        raise RegexError(f"pattern too complex for Python's re: {e}", node.pattern.span) from None
+    return found != node.negated
+
+
+_EVALUATE = {  # how each kind of node is evaluated (``evaluate``)
+    A.Literal: lambda node, env: node.value,
+    A.Param: lambda node, env: env.param(node),
+    A.Column: lambda node, env: env.column(node),
+    A.Unary: _unary,
+    A.Binary: _binary,
+    A.InList: _in_list,
+    A.Matches: _matches,
+    A.IsNull: lambda node, env: (evaluate(node.operand, env) is None) != node.negated,
+    A.Call: lambda node, env: _call(node, env),
+}
 
 
 def truth(v, node: A.Node) -> bool:

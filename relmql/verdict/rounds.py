@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Dict, Tuple
 
-from ..plan.planner import QueryPlan
+from ..plan.plans import QueryPlan
 from ..syntax import ast as A
 from ..records import Measure, Sample
 from .judge import judge, round_level
