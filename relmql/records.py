@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 
-from .errors import Cancelled, ExecutionError
+from .errors import Cancelled, CompileError, ExecutionError
 from .memory import DEFAULT_MAX_MEMORY, format_size
 from .stats import DEFAULT_CONFIDENCE
 
@@ -97,6 +97,29 @@ class CompileOptions:
     edit_alphabet: str = PRINTABLE_ASCII
     exclude: Tuple[str, ...] = field(default=())
     max_states: int = DEFAULT_MAX_STATES
+
+    def __post_init__(self):
+        """Check every field's type and range once, where the options are made (CompileError);
+        ``exclude`` given as one pattern or a list becomes a tuple."""
+        exclude = (self.exclude,) if isinstance(self.exclude, str) else tuple(self.exclude)
+        if not all(isinstance(x, str) for x in exclude):
+            raise CompileError("exclusions must be strings")
+        object.__setattr__(self, "exclude", exclude)
+        if not isinstance(self.edits, int) or isinstance(self.edits, bool) or not 0 <= self.edits <= MAX_EDITS:
+            raise CompileError(f"edits must be a whole number from 0 to {MAX_EDITS}")
+        if not isinstance(self.edit_alphabet, str) or not self.edit_alphabet:
+            raise CompileError("the edit alphabet must be a non-empty string")
+        try:
+            self.edit_alphabet.encode("utf-8")
+        except UnicodeEncodeError:
+            raise CompileError("the edit alphabet has characters with no UTF-8 encoding (surrogates)") from None
+        if not isinstance(self.max_states, int) or self.max_states < 1:
+            raise CompileError("max_states must be a positive whole number")
+        for name, mode in (("tokenization", self.tokenization), ("prefix_tokenization", self.prefix_tokenization)):
+            if mode not in TOKENIZATIONS:
+                raise CompileError(f"unknown {name} {mode!r}; use canonical or all")
+        if self.edit_scope not in EDIT_SCOPES:
+            raise CompileError(f"unknown edit scope {self.edit_scope!r}; use {', '.join(EDIT_SCOPES)}")
 
 
 # -- the traversals' defaults and choices

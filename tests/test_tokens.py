@@ -135,13 +135,14 @@ def test_count_paths_is_not_recursive(gpt2_vocab):
 
 
 @pytest.mark.parametrize("options,match", [
-    (CompileOptions(edits=1.5), "whole number"), (CompileOptions(edits=100), "whole number"),
-    (CompileOptions(edit_alphabet="\ud800"), "UTF-8"), (CompileOptions(tokenization="some"), "tokenization"),
-    (CompileOptions(edit_scope="middle"), "edit scope"), (CompileOptions(max_states=0), "max_states"),
+    (dict(edits=1.5), "whole number"), (dict(edits=100), "whole number"),
+    (dict(edit_alphabet="\ud800"), "UTF-8"), (dict(tokenization="some"), "tokenization"),
+    (dict(edit_scope="middle"), "edit scope"), (dict(max_states=0), "max_states"), (dict(exclude=[1]), "strings"),
 ])
 def test_bad_options_are_compile_errors(gpt2_vocab, options, match):
+    """Options check themselves where they are made, before anything compiles."""
     with pytest.raises(CompileError, match=match):
-        compile("ab", gpt2_vocab, None, options)
+        compile("ab", gpt2_vocab, None, CompileOptions(**options))
 
 
 def test_exclusions_accept_a_list_or_one_pattern(gpt2_vocab):
