@@ -319,7 +319,7 @@ def main(argv: List[str] = None) -> None:
             elif part == "logits":
                 # each forward pass's float32 logits are capped at hf.LOGITS_BYTES (256 MiB: 256
                 # rows of Gemma's 262,144 tokens); with 2 GiB a batch of 1,024 is one pass
-                from relmql.models import hf
+                from relmql.models import passes as hf
                 ta = url_of(model)
                 cap, hf.LOGITS_BYTES = hf.LOGITS_BYTES, 2 ** 31
                 try:
@@ -328,7 +328,7 @@ def main(argv: List[str] = None) -> None:
                 finally:
                     hf.LOGITS_BYTES = cap
             elif part == "bf16":
-                from relmql.models.hf import TransformersModel
+                from relmql.models.loading import wrap as TransformersModel
                 half = TransformersModel(model.model.to(torch.bfloat16), model.tokenizer, model.name + "-bf16",
                                          bos_id=model.bos_id, eos_id=model.eos_id)
                 ta = url_of(half)

@@ -51,7 +51,7 @@ def earlier_executor():
     """The executor before the small-statement work: the prefix tree read level by level, and
     every model call on the session's threads."""
     from relmql.execute import shortest
-    from relmql.models import hf
+    from relmql.models import passes as hf
     chains, threads = shortest.prefix_chains, hf.threads_for
     shortest.prefix_chains = lambda *a, **k: None
     hf.threads_for = lambda device, tokens: contextlib.nullcontext()

@@ -8,7 +8,7 @@ import json
 import torch
 
 from benchmarks import gpu_bench
-from relmql.models import hf
+from relmql.models import passes as hf
 
 
 def test_gpu_bench_parts_and_table_without_a_gpu(tmp_path):

@@ -294,7 +294,7 @@ def test_a_long_prompt_is_read_in_pieces_as_one_pass_reads_it(request, model_nam
     attention scores of thousands of positions: its next-token distribution and every token's
     log-probability are those of one plain forward pass, also beside short sequences in the same
     call, and after a state with keys and values (the first token's then in its parent)."""
-    from relmql.models import hf
+    from relmql.models import passes as hf
     model = request.getfixturevalue(model_name)
     monkeypatch.setattr(hf, "PIECE_TOKENS", 16)
     calls = model.stats.calls
@@ -385,7 +385,7 @@ def test_a_model_that_writes_keys_elsewhere_gets_copies(tiny, monkeypatch):
     """Where new keys and values do not land where a call laid them out (checked when a model
     is wrapped), the cache copies them as transformers does, and the numbers stay right."""
     from relmql.models import attention
-    from relmql.models.hf import TransformersModel
+    from relmql.models.loading import wrap as TransformersModel
 
     def misplaced(self, key_states, value_states, *args, **kwargs):
         self.keys = torch.cat([self.keys[:, :, 1:], key_states, self.keys[:, :, :1]], dim=-2)
@@ -407,7 +407,7 @@ def test_a_model_that_refuses_the_tree_mask_keeps_padded_copies(tiny, monkeypatc
     says why (EXPLAIN shows it)."""
     import functools
 
-    from relmql.models.hf import TransformersModel
+    from relmql.models.loading import wrap as TransformersModel
     original = tiny.model.forward
 
     @functools.wraps(original)
@@ -532,7 +532,7 @@ def test_new_keys_are_read_where_the_model_wrote_them(request, model_name, monke
     into, where the model wrote them (padded and tree passes alike): the same to the bit as
     copied out of the model's cache layer by layer, and what a plain forward pass computes
     (within float32 rounding: a pass over a different number of tokens rounds differently)."""
-    import relmql.models.hf as hf
+    import relmql.models.passes as hf
     from relmql.models.attention import wrote_in_place
     model = request.getfixturevalue(model_name)
     seen = []
@@ -585,7 +585,7 @@ def test_evicted_blocks_are_read_again_once_a_call_in_place(request, model_name,
     where the prompt was read in two pieces or more. Every state's distribution and
     token log-probabilities are a plain forward pass's, and the blocks hold keys and values
     again, those they held before within float32 rounding."""
-    from relmql.models import hf
+    from relmql.models import passes as hf
     model = request.getfixturevalue(model_name)
     model.set_cache_budget(2 ** 30)  # another test may have left it low
     enc = model.vocabulary.encode

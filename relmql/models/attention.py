@@ -1,9 +1,7 @@
-"""What the transformers backend hands a model's attention layers: keys and values already laid
-out for a call (``preloaded_cache``: each layer's past keys and values in a buffer with room for the
-call's new tokens, which attention writes in place instead of concatenating), a staging buffer
-that keeps a shared beginning in place from one call to the next (``Stage``), and, on CPU, an
-attention function that lets grouped-query models attend without repeating their keys and values
-for every query head (``use_grouped_attention``)."""
+"""What the transformers backend hands a model's attention layers: caches whose keys and values are
+laid out ahead of a call (``preloaded_cache``), the staging buffer they are laid out in (``Stage``),
+the masks of each kind of layer, and on CPU grouped-query attention over shared key/value heads
+(``use_grouped_attention``) (docs/models.md, *Inside the model backend*)."""
 
 from __future__ import annotations
 
@@ -61,6 +59,32 @@ def preloaded_cache(layers: Sequence[tuple], filled: int):
     cache.layer_class_to_replicate = None
     cache.layers = [_Preloaded(k, v, filled) for k, v in layers]
     return cache
+
+
+def full_cache(layers=None):
+    """A transformers ``DynamicCache`` holding ``layers`` ((keys, values) per layer), built
+    without the model's config: every layer then keeps all its keys (Gemma 3's sliding-window
+    layers would drop those outside the window, and the new tokens' keys would be misread); the
+    attention mask keeps each layer's window."""
+    from transformers import DynamicCache
+    return DynamicCache(ddp_cache_data=layers) if layers else DynamicCache()
+
+
+def cache_tensors(cache):
+    """[(keys, values)] per layer from a transformers cache object."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return [(k, v) for k, v in cache]  # pragma: no cover - legacy tuple caches
+
+
+def mask_kinds(config) -> List[tuple]:
+    """The attention masks a model's layers take, as (name, sliding window or None): one mask
+    (name None) for most models; Gemma 3's full and sliding-window layers take one each."""
+    window = getattr(config, "sliding_window", None)
+    types = set(getattr(config, "layer_types", None) or ())
+    if "sliding_attention" in types:
+        return [("full_attention", None), ("sliding_attention", window)]
+    return [(None, window if window and getattr(config, "use_sliding_window", True) else None)]
 
 
 class Stage:

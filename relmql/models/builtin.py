@@ -22,6 +22,7 @@ from ..cache import cache_dir
 from ..errors import ModelError
 from .device import resolve_device, resolve_dtype
 from .hf import TransformersModel
+from .loading import wrap
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -103,7 +104,7 @@ def load_gguf(name: str, version: str, locate: Callable[[], Path], device: Optio
                 _convert(name, locate(), target, dt, takes)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=dt)
     tokenizer = AutoTokenizer.from_pretrained(target)
-    return TransformersModel(model.to(dev), tokenizer, name, bos_id=bos_id, eos_id=eos_id)
+    return wrap(model.to(dev), tokenizer, name, bos_id=bos_id, eos_id=eos_id)
 
 
 def _convert(name: str, gguf: Path, target: Path, dt: torch.dtype, takes: str) -> None:
@@ -173,4 +174,4 @@ def load_tiny_gpt2(device: Optional[str] = None, dtype: Optional[str] = "float32
         torch.manual_seed(0)
         model = GPT2LMHeadModel(config)
     model = model.to(dtype=dt, device=dev)
-    return TransformersModel(model, gpt2_tokenizer(), "tiny-gpt2", bos_id=50256, eos_id=50256)
+    return wrap(model, gpt2_tokenizer(), "tiny-gpt2", bos_id=50256, eos_id=50256)

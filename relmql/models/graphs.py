@@ -1,21 +1,15 @@
-"""Forward passes replayed as CUDA graphs. On a GPU, an eager forward pass of a small model costs
-what the host takes to launch its kernels, not what they take to run (SmolLM2 on an H200: about
-28 ms a pass at batch 32 or 1,024, its kernels 4 to 15 ms); a pass captured once as a graph
-launches them all at once. A graph fixes its shapes and addresses, so each pass is padded to a
-bucket (rows, past positions) and its inputs copied into buffers of the bucket's own; a search
-then reuses a few graphs. Both kinds of pass are graphed: padded copies (``rows`` sequences of
-``past`` cached and ``new`` new tokens) and tree attention (``rows`` new tokens in one sequence
-over ``past`` ancestors' keys and values, under a 4D mask). Every pass's keys and values live in
-one shared buffer (the passes run one at a time). Where capture fails, passes run eagerly."""
+"""Forward passes replayed as CUDA graphs, padded to a few shapes, their inputs copied into buffers
+of their own (docs/models.md, *Inside the model backend*: CUDA graphs)."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Dict, Optional
 
 import torch
 
+from ..memory import Lru
 from .attention import preloaded_cache
+from .kvstore import NO_LIMIT
 
 MAX_NEW = 4  # new tokens per sequence in a graphed padded pass, at most (a search reads one per node)
 PAST_STEP = 32  # past positions are padded to a multiple of this
@@ -47,7 +41,7 @@ def capture(forward, device: torch.device, pool=None):
 class Pass:
     """One forward pass of fixed shape. Fill ``ids``, ``pos``, ``mask`` (padded: ``[rows, past +
     new]`` of 0/1; tree: a 4D additive mask per mask kind, in ``masks``) and ``kv`` (every layer's
-    keys and values: padded, laid out as ``TransformersModel._batch_cache`` lays them; tree,
+    keys and values: padded, laid out as ``ForwardPasses._batch_cache`` lays them; tree,
     ``[2 * layers, kv_heads, past + rows, head_dim]``), then ``run``: its output lives in the
     graph's memory (read it before the next run)."""
 
@@ -55,7 +49,7 @@ class Pass:
                  mask_kinds, graphed: bool, pool=None):
         """``kv``: a flat buffer of at least the pass's keys and values (its beginning is used)."""
         self.model, self.rows, self.past, self.new = model, rows, past, new
-        dev, (layers2, heads, dim) = model.device, model._kv_shape
+        dev, (layers2, heads, dim) = model.device, model.passes.kv_shape
         seqs, length = (rows, new) if kind == PADDED else (1, rows)
         self.ids = torch.zeros((seqs, length), dtype=torch.long, device=dev)
         self.pos = torch.zeros((seqs, length), dtype=torch.long, device=dev)
@@ -80,7 +74,7 @@ class Pass:
     def _forward(self):
         m = self.model
         return m.model(input_ids=self.ids, attention_mask=self.mask, position_ids=self.pos, use_cache=True,
-                       **{m._cache_arg: preloaded_cache(self.layers, self.past)})
+                       **{m.passes.cache_arg: preloaded_cache(self.layers, self.past)})
 
     def run(self):
         """The pass over the buffers' present contents: its output."""
@@ -101,7 +95,8 @@ class Graphs:
     def __init__(self, model, capture: bool = True, defer: Optional[bool] = None):
         self.model, self.capture = model, capture
         self.defer = capture if defer is None else defer
-        self.passes: "OrderedDict[tuple, Pass]" = OrderedDict()
+        # (kind, rows, past, new) → Pass, sized by its logits' bytes; dropped only by get and shrink
+        self.kept = Lru(NO_LIMIT, keep=0)
         self.seen: set = set()
         self.never: set = set()  # shapes whose capture failed
         self.failure: Optional[str] = None
@@ -109,16 +104,23 @@ class Graphs:
         self.arena: Optional[torch.Tensor] = None  # the keys and values of every pass
 
     @property
+    def passes(self):
+        """The passes kept, by (kind, rows, past, new), least recently used first (to read)."""
+        return self.kept.items
+
+    @property
+    def _arena_bytes(self) -> int:
+        return 0 if self.arena is None else self.arena.numel() * self.arena.element_size()
+
+    @property
     def nbytes(self) -> int:
-        arena = 0 if self.arena is None else self.arena.numel() * self.arena.element_size()
-        return arena + sum(p.logits_bytes for p in self.passes.values())
+        return self._arena_bytes + self.kept.total
 
     def shrink(self, room: int) -> None:
         """Drop the least recently used passes while they hold more than ``room`` bytes (the
         shared key/value buffer with the last of them)."""
-        while self.passes and self.nbytes > room:
-            self.passes.popitem(last=False)
-        if not self.passes:
+        self.kept.shrink(room - self._arena_bytes)
+        if not self.kept:
             self.arena = None
 
     def get(self, kind: str, rows: int, past: int, new: int, logits_bytes: int) -> Optional[Pass]:
@@ -129,36 +131,36 @@ class Graphs:
         if not past or new > MAX_NEW:
             return None
         key = (kind, bucket(rows), -(-past // PAST_STEP) * PAST_STEP, new)
-        got = self.passes.get(key)
+        got = self.kept.get(key)
         if got is not None:
-            self.passes.move_to_end(key)
             return got
         if key in self.never or (self.defer and key not in self.seen):
             self.seen.add(key)
             return None
-        m, (layers2, heads, dim) = self.model, self.model._kv_shape
+        m, (layers2, heads, dim) = self.model, self.model.passes.kv_shape
         _, rows, past, new = key
         size = m.dtype.itemsize
         logits = rows * new * len(m.vocabulary) * size
         cells = layers2 * heads * dim * (rows * (past + new) if kind == PADDED else past + rows)
         have = 0 if self.arena is None else self.arena.numel()
-        room = m.kv_budget // 2
+        room = m.store.budget // 2
         if logits * 4 // size > logits_bytes or (max(cells, have) * size + logits) > room:
             return None
         if cells > have:  # a larger buffer: the passes reading the old one go (grown by half, room permitting)
-            self.passes.clear()
+            self.kept.clear()
             self.arena = None
             cells = max(cells, min(have * 3 // 2, (room - logits) // size))
             self.arena = torch.zeros(cells, dtype=m.dtype, device=m.device)
-        while self.passes and (len(self.passes) >= MAX_GRAPHS or self.nbytes + logits > room):
-            self.passes.popitem(last=False)
+        while len(self.kept) >= MAX_GRAPHS:
+            self.kept.pop(next(iter(self.passes)))
+        self.kept.shrink(room - logits - self._arena_bytes)
         try:
-            got = Pass(m, kind, rows, past, new, self.arena, m._mask_kinds, self.capture, self.pool)
+            got = Pass(m, kind, rows, past, new, self.arena, m.passes.mask_kinds, self.capture, self.pool)
         except Exception as e:  # this shape could not be captured: it runs eagerly
             self.never.add(key)
             self.failure = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}".rstrip(": ")
-            if not self.passes:
+            if not self.kept:
                 self.arena = None
             return None
-        self.passes[key] = got
+        self.kept.put(key, got, got.logits_bytes)
         return got

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections import OrderedDict
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..errors import ModelError
+from ..memory import Lru
 from .base import LanguageModel, ModelState
 from .chat import Rendered
 
 
 KEEP_PROMPTS = 8  # prompt states kept per model: the queries of a script or a dataset that share a prompt
-_STATES: "weakref.WeakKeyDictionary[LanguageModel, OrderedDict]" = weakref.WeakKeyDictionary()
+_STATES: "weakref.WeakKeyDictionary[LanguageModel, Lru]" = weakref.WeakKeyDictionary()  # prompt ids → state
 _LOCK = threading.Lock()
 
 
@@ -23,16 +23,13 @@ def prompt_state(base: LanguageModel, ids: Tuple[int, ...]) -> ModelState:
     """``base``'s state after the prompt ``ids``, read once for the last few prompts (its keys and
     values stay in the model's cache as any other text's do, read again if they were evicted)."""
     with _LOCK:
-        held = _STATES.setdefault(base, OrderedDict())
+        held = _STATES.setdefault(base, Lru(KEEP_PROMPTS))  # each prompt counts 1
         state = held.get(ids)
         if state is not None:
-            held.move_to_end(ids)
             return state
     state = base.begin(ids)
     with _LOCK:
-        held[ids] = state
-        while len(held) > KEEP_PROMPTS:
-            held.popitem(last=False)
+        held.put(ids, state)
     return state
 
 

@@ -41,8 +41,8 @@ def load_model(name: str = DEFAULT_MODEL, device: Optional[str] = None, dtype: O
     if name in BUILTIN:
         module, function = BUILTIN[name].split(":")
         return getattr(importlib.import_module(f".{module}", __package__), function)(device=device, dtype=dtype)
-    from .hf import TransformersModel
-    return TransformersModel.from_pretrained(HUB_ALIASES.get(name, name), device=device, dtype=dtype)
+    from .loading import from_pretrained
+    return from_pretrained(HUB_ALIASES.get(name, name), device=device, dtype=dtype)
 
 
 def check_model_name(name: str) -> None:
