@@ -20,7 +20,7 @@ from .automata import byte_language, check_patterns, compile, memory_bound
 from .automata.language import levenshtein, nearest, unedited, viable_length
 from .errors import Error
 from .execute import Mass, Row, SampleStats, SearchStats, execute, measure
-from .execute.shortest import NO_ROW
+from .execute.ledger import NO_ROW
 from .memory import DEFAULT_MAX_MEMORY, approx_bytes, format_size, shares
 from .models import LanguageModel
 from .plan import (DatasetPlan, ModelRef, Plan, QueryPlan, check_params, count_selected, evaluate, plan_row,
