@@ -124,7 +124,7 @@ def test_children_sorted_for_the_batch_or_node_by_node_give_the_same_rows(smol, 
 def test_a_nodes_first_children_are_those_of_a_whole_stable_sort():
     """``first_sorted`` (a partition, tier by tier, then a sort of the few kept) against a stable
     sort of every child: the same positions, in the same order, ties and infinities included."""
-    from relmql.execute.shortest import first_sorted
+    from relmql.execute.expansion import first_sorted
     rng = np.random.default_rng(7)
     for trial in range(400):
         m = int(rng.integers(0, 4000))

@@ -9,7 +9,8 @@ import pytest
 from relmql.automata import compile
 from relmql.execute import Decoding, Sample, SampleStats, SearchStats, ShortestPath, Stop, sample, shortest_path
 from relmql.execute.sampling import Sampler
-from relmql.execute.shortest import CHILD, RESULT, ShortestPathSearch
+from relmql.execute.frontier import CHILD, RESULT
+from relmql.execute.shortest import ShortestPathSearch
 
 PEOPLE = "The (man|woman|cat|dog) (ran|sat|is|was) (here|there|now)"
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
 from ..execute import Mass, SampleStats, SearchStats
-from ..execute.shortest import NO_ROW
+from ..execute.ledger import NO_ROW
 from ..memory import DEFAULT_MAX_MEMORY, format_size, shares
 from ..plan import QueryPlan
 from ..records import Listener, Measure, Sample, ShortestPath, Stop

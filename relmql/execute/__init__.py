@@ -16,7 +16,8 @@ from ..records import Cancelled, Decoding, ExecutionError, Measure, Sample, Shor
 from .measure import Mass, measure
 from .rows import Row
 from .sampling import SampleStats, sample
-from .shortest import SearchStats, shortest_path
+from .ledger import SearchStats
+from .shortest import shortest_path
 
 
 def execute(automaton: TokenAutomaton, model: LanguageModel, traversal: Traversal,

@@ -14,7 +14,8 @@ from ..automata.tokens import TokenAutomaton
 from ..models.base import LanguageModel
 from ..records import Decoding, Measure
 from .rows import Row
-from .shortest import SearchStats, ShortestPathSearch
+from .ledger import SearchStats
+from .shortest import ShortestPathSearch
 
 
 BATCH = 16  # nodes a model call of the bounding search reads (unless batch_size is set)
@@ -70,8 +71,8 @@ def bound_search(automaton: TokenAutomaton, model: LanguageModel, rules: Decodin
     if exhausted:
         bound = Bound(min(low, 1.0), min(low, 1.0), stats.expanded, True)
     else:  # float32 scores summed in another batch (an estimate's, another search's) differ in the last digits
-        bound = Bound(low * (1 - SLACK), min(1.0, max(low, 1.0 - float(search.lost)) * (1 + SLACK)), stats.expanded,
-                      False)
+        high = min(1.0, max(low, 1.0 - float(search.ledger.lost)) * (1 + SLACK))
+        bound = Bound(low * (1 - SLACK), high, stats.expanded, False)
     _KNOWN.setdefault(automaton, {})[key] = (tuple(rows), bound, dataclasses.replace(stats, watch=None))
     return rows, bound
 

@@ -153,21 +153,8 @@ class RuleScores:
             self.lse = torch.logsumexp(x, dim=-1) if rules.temperature != 1 else torch.zeros_like(self.threshold)
             return
         k = min(rules.topk or vocab, vocab)
-        count = torch.full((rows,), k, dtype=torch.long, device=x.device)
-        if rules.topp is not None and rules.topp < 1:
-            if rules.topk is not None:
-                base = torch.logsumexp(top(x, k)[0], dim=-1, keepdim=True)
-            else:
-                base = torch.logsumexp(x, dim=-1, keepdim=True)
-            window = min(k, 64)  # grow a window of the most probable tokens until it holds topp
-            while True:
-                probs = torch.exp(top(x, window)[0] - base)
-                before = torch.cumsum(probs, dim=-1) - probs
-                if bool((before[:, -1] >= rules.topp).all()) or window >= k:
-                    break
-                window = min(k, window * 4)
-            count = (before < rules.topp).sum(dim=-1).clamp(min=1)
         nucleus = rules.topp is not None and rules.topp < 1
+        count = self._nucleus(k) if nucleus else torch.full((rows,), k, dtype=torch.long, device=x.device)
         width = int(count.max()) if nucleus else k
         vals, idx = top(x, min(width + 1, vocab))
         if nucleus:  # rows keep different numbers of tokens
@@ -183,26 +170,7 @@ class RuleScores:
         # bfloat16): such a row keeps every token at or above its threshold, found among its
         # 4 width + 1 largest (the whole row where even those all reach the threshold)
         tied = (nxt == self.threshold) & (count < vocab)
-        wide: Dict[int, np.ndarray] = {}
-        if bool(tied.any()):
-            r = tied.nonzero().flatten()
-            thr = self.threshold[r].unsqueeze(1)
-            m = min(vocab, 4 * width + 1)
-            if 2 * len(r) >= rows:  # most rows: no copy of them
-                tv, ti = top(x, m)
-                tv, ti = tv[r], ti[r]
-            else:
-                tv, ti = top(x[r], m)
-            above = tv >= thr
-            lse = torch.logsumexp(tv.masked_fill(~above, -math.inf), dim=-1)
-            whole = above[:, -1] & (tv.shape[1] < vocab)
-            if bool(whole.any()):
-                xw = x[r[whole]]
-                lse[whole] = torch.logsumexp(xw.masked_fill(xw < thr[whole], -math.inf), -1)
-            self.lse[r] = lse
-            for b, cols, keep, out in zip(r.tolist(), ti.cpu().numpy(), above.cpu().numpy(), whole.tolist()):
-                if not out:
-                    wide[b] = np.sort(cols[keep])
+        wide = self._ties(tied, width) if bool(tied.any()) else {}
         ids = idx[:, :width].cpu().numpy()
         counts = count.cpu().numpy()
         if (counts < width).any():  # top-p: rows keep fewer; the rest sort past every token
@@ -214,6 +182,51 @@ class RuleScores:
                                                                                        counts.tolist()))]
         else:
             self.kept = list(ids)
+
+    def _nucleus(self, k: int) -> torch.Tensor:
+        """Tokens each row keeps under top-p (at least one, at most ``k``): a window of the most
+        probable tokens grows until it holds ``topp``."""
+        x, rules = self.x, self.rules
+        if rules.topk is not None:
+            base = torch.logsumexp(top(x, k)[0], dim=-1, keepdim=True)
+        else:
+            base = torch.logsumexp(x, dim=-1, keepdim=True)
+        window = min(k, 64)
+        while True:
+            probs = torch.exp(top(x, window)[0] - base)
+            before = torch.cumsum(probs, dim=-1) - probs
+            if bool((before[:, -1] >= rules.topp).all()) or window >= k:
+                break
+            window = min(k, window * 4)
+        return (before < rules.topp).sum(dim=-1).clamp(min=1)
+
+    def _ties(self, tied: torch.Tensor, width: int) -> Dict[int, np.ndarray]:
+        """Rows whose last kept token ties with the next keep every token at or above their
+        threshold: their normalizers (in ``lse``) and, for each found among its ``4 width + 1``
+        largest, the tokens it keeps (sorted; a row tied beyond those is left out: it keeps too
+        many to list)."""
+        x = self.x
+        rows, vocab = x.shape
+        wide: Dict[int, np.ndarray] = {}
+        r = tied.nonzero().flatten()
+        thr = self.threshold[r].unsqueeze(1)
+        m = min(vocab, 4 * width + 1)
+        if 2 * len(r) >= rows:  # most rows: no copy of them
+            tv, ti = top(x, m)
+            tv, ti = tv[r], ti[r]
+        else:
+            tv, ti = top(x[r], m)
+        above = tv >= thr
+        lse = torch.logsumexp(tv.masked_fill(~above, -math.inf), dim=-1)
+        whole = above[:, -1] & (tv.shape[1] < vocab)
+        if bool(whole.any()):
+            xw = x[r[whole]]
+            lse[whole] = torch.logsumexp(xw.masked_fill(xw < thr[whole], -math.inf), -1)
+        self.lse[r] = lse
+        for b, cols, keep, out in zip(r.tolist(), ti.cpu().numpy(), above.cpu().numpy(), whole.tolist()):
+            if not out:
+                wide[b] = np.sort(cols[keep])
+        return wide
 
     def at(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Rule log-probabilities of ``tokens[i]`` in distribution ``rows[i]``."""

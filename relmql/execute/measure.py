@@ -1,41 +1,5 @@
-"""The probability of a language: summed exactly, or estimated by sampling.
-
-The event measured is "given the prefix, the model's generation begins with a string of the
-language" (with ``eos``: "is a string of the language, then the end of text"). Without ``eos``
-a generation that begins with ``ab`` also begins with ``a`` when both are in the language, so
-only the shortest such token sequences count (first_match): the events are then disjoint and
-their probabilities add up to at most 1 after each prefix token path p.
-
-A PREFIX may have several token paths (several strings, several tokenizations, edits). The
-value is a mean over them, not a sum: for a prefix path drawn uniformly (as sampling draws
-it), P(the generation after it begins with a string of the group), where the draw is
-restricted to the prefix paths of the group's *prefix class* (the values of the GROUP BY keys
-that the prefix fixes; see ``relmql.engine``). So that the engine can count the prefix paths of
-each class, the rows of a measurement include rows that only count (``miss`` set):
-
-- exact: one row per prefix token path (``prefix_rows``), then every token sequence with a
-  nonzero probability (a ``ShortestPath`` with ``first_match``; shared token prefixes are read
-  once, from the search tree's cache). A class's value is Σ prob / (its prefix paths).
-- estimate: one row per draw of ``Sample`` with ``misses`` and ``first_match``: the prefix path
-  is uniform over the N prefix paths and the completion is drawn locally with importance weight
-  w (or by rejection, w = 1); a draw that found no string is a miss. A class's value is the
-  mean of w · 1(string in group) over the draws whose prefix is in the class.
-
-- estimate with its canonical part summed: local draws over every tokenization can miss the
-  tokenizations that carry the probability (Gemma 3 reads its bare space token first, then
-  spells the word in tokens it seldom reads). Where the canonical tokenizations are few (at
-  most ``exact_limit``) and the prefix has one token path, they are summed exactly (rows with
-  ``summed`` set, under the same decoding rules) and a draw that gives one of them counts as a
-  miss: the value is that sum plus the mean weight of the draws that gave another
-  tokenization, still unbiased, and the draws' error only that of the rest. Elsewhere half the
-  draws estimate them, following the canonical automaton, and the other half the rest
-  (``sampling.Sampler``'s twin). Only rejection draws (``sampling exact``), which follow the
-  model itself, take neither.
-
-A row that only counts carries, as its text, a string of the language after its prefix path
-(the one with the fewest edits, then the fewest bytes; found in the byte automaton, without the
-model), so that the GROUP BY keys can be evaluated on it.
-"""
+"""The probability of a language: summed exactly, or estimated by sampling (design:
+docs/executor.md, "The probability of a language" and "Inside measurement")."""
 
 from __future__ import annotations
 
@@ -54,7 +18,8 @@ from ..records import Decoding, Measure
 from .bounds import Bound, bound_search
 from .rows import Row
 from .sampling import SampleStats, sample
-from .shortest import NO_ROW, SearchStats, shortest_path
+from .ledger import NO_ROW, SearchStats
+from .shortest import shortest_path
 
 
 @dataclass
@@ -151,13 +116,21 @@ def measure(automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, op
             cut.update(drawn.cut)
             stats.cut = tuple(c for c in NO_ROW if c in cut)
         if stats is not None and hits and n > 1:
-            mean = total / n
-            high = mean + 4 * math.sqrt(max(0.0, squares / n - mean ** 2) / (n - 1))
-            floor = canonical_floor(automaton, model, hits)
-            # (where the draws' interval misses the search's bound, the bound is shown: the floor is within it)
-            if floor > max(high, mean * 1.001) and (bound is None or high >= bound.low):
-                stats.floor = floor
+            stats.floor = _floor(automaton, model, hits, n, total, squares, bound) or stats.floor  # (None: kept)
     return mass, rows()
+
+
+def _floor(automaton: TokenAutomaton, model: LanguageModel, hits: List[Row], n: int, total: float, squares: float,
+           bound: Optional[Bound]) -> Optional[float]:
+    """The canonical floor of a local estimate (``canonical_floor``) where it lies above the
+    draws' interval (``n`` draws, their weights' ``total`` and sum of ``squares``), else None.
+    Where that interval misses the search's ``bound``, the bound is shown: the floor is within it."""
+    mean = total / n
+    high = mean + 4 * math.sqrt(max(0.0, squares / n - mean ** 2) / (n - 1))
+    floor = canonical_floor(automaton, model, hits)
+    if floor > max(high, mean * 1.001) and (bound is None or high >= bound.low):
+        return floor
+    return None
 
 
 def bounds_first(opts: Measure, prefixes: int) -> bool:

@@ -1,26 +1,5 @@
-"""Random samples of a token automaton on a model.
-
-Each sample first draws a prefix uniformly over the prefix's token paths: at every prefix
-state, an arc is taken in proportion to the number of complete prefix paths below it (cycles
-unrolled to ``max_tokens``), so that, for instance, the prefixes a, b, bb and bbb are each drawn
-a quarter of the time. The completion is then drawn from the model under the decoding rules.
-
-A sample's string ends where the language lets it end: at a final state with no way on, or, at
-a final state that can go on, when the model produces its end-of-text token (always with
-``eos``). The model's distribution restricted to the language is therefore
-P(s) ∝ P(completion tokens) · P(end of text)^[it ended by end of text].
-
-``local`` mode draws each step from the model's distribution renormalized over the tokens the
-language allows; the product of the normalizers is the row's importance weight (so the mean
-weight estimates P(language | prefix)). ``exact`` mode draws from the model's own distribution
-and starts the completion again whenever it leaves the language (rejection).
-
-Every sample has its own random stream (seed, sample number), so results do not depend on
-batching. Walkers are batched: up to ``batch_size`` completions advance together, one token per
-model call, each reusing its own keys and values; walkers that reach a completion another
-walker has already read take its state from a cache instead of the model. The states cached
-for prefixes and for completions stay within the traversal's share of ``max_memory``.
-"""
+"""Random samples of a token automaton on a model (design: docs/executor.md, "Sampling" and
+"Inside the sampler")."""
 
 from __future__ import annotations
 
@@ -28,7 +7,6 @@ import math
 import random
 import sys
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -41,21 +19,19 @@ from ..models.base import LanguageModel, ModelState
 from ..records import Cancelled, Decoding, ExecutionError, Sample
 from .decoding import RuleScores, batch_limit
 from .rows import Row, make_row
-
+from .samplecache import StateCache
+from .twin import Twin
 
 
 @dataclass
 class SampleStats:
-    """Draws made: completions started, and those thrown away (dead ends, budget, rejection);
-    ``cut``: the bounds (``max_tokens``, ``context``) that ended a draw where the language went on;
-    ``too_long``: the draws thrown away there (among ``discarded``);
-    ``watch(stats, opts)``, when given, is called after each step of the batch (a model call, or
-    states all found in the cache), for a progress display between rows."""
-    draws: int = 0
-    discarded: int = 0
-    cut: Tuple[str, ...] = ()
-    too_long: int = 0
-    watch: Optional[Callable[["SampleStats", Sample], None]] = field(default=None, repr=False, compare=False)
+    """What a sampler drew."""
+    draws: int = 0  # completions started
+    discarded: int = 0  # draws thrown away (dead ends, budget, rejection)
+    cut: Tuple[str, ...] = ()  # the bounds (max_tokens, context) that ended a draw where the language went on
+    too_long: int = 0  # the draws thrown away there (among discarded)
+    watch: Optional[Callable[["SampleStats", Sample], None]] = field(
+        default=None, repr=False, compare=False)  # called after each step of the batch (a progress display)
 
     @property
     def too_long_at(self) -> str:
@@ -65,19 +41,20 @@ class SampleStats:
 
 @dataclass
 class _Walker:
-    index: int
-    rng: random.Random
-    prefix: Tuple[int, ...]
-    pre_raw: float
-    start_state: ModelState
-    start_node: int
-    state: ModelState = None
-    node: int = 0
-    tokens: List[int] = field(default_factory=list)
-    cond: float = 0.0
-    weight: float = 1.0
+    """One sample being drawn."""
+    index: int  # the sample's number (its row's rank less one)
+    rng: random.Random  # its own random stream
+    prefix: Tuple[int, ...]  # the prefix path drawn
+    pre_raw: float  # the prefix's log-probability
+    start_state: ModelState  # the model's state after the prefix
+    start_node: int  # the automaton's state after the prefix
+    state: ModelState = None  # the model's state after the tokens drawn
+    node: int = 0  # the automaton's state after them
+    tokens: List[int] = field(default_factory=list)  # the completion tokens drawn
+    cond: float = 0.0  # their log-probability under the decoding rules
+    weight: float = 1.0  # the product of the normalizers (local draws)
     dead_ends: int = 0  # in a row, from this prefix
-    canonical: bool = False  # this draw follows the canonical tokenizations (``Sampler.twin``)
+    canonical: bool = False  # this draw follows the canonical tokenizations (``Twin``)
     twin_node: Optional[int] = None  # the twin's state after the same tokens (None: it has left the twin)
     twin_weight: float = 1.0  # the product of the twin's normalizers (0 once it has left the twin)
 
@@ -134,25 +111,15 @@ class Sampler:
     """One sampling run and its state: the walkers ``active`` (drawing a completion token by
     token) and ``waiting`` (for their prefix's model state), the finished rows ``done`` until
     their turn (``next_out``), and the model states cached for ``prefixes`` and for the
-    completions already ``seen`` (at most ``cached_states`` each).
-
-    ``twin`` (local draws over every tokenization): the same language's canonical automaton. The
-    events are then measured in two disjoint parts, each by half the draws: the even draws follow
-    the twin (its tokens drawn among those it allows, and with ``eos`` the end of text where the
-    twin's string may end, renormalized under the decoding rules) and measure the canonical
-    tokenizations, weight P(x) / q_canonical(x); the odd ones draw over the whole automaton and
-    measure the other tokenizations, weight P(x) / q(x). A draw that ends in the other part
-    counts as a miss. Each part's mean is unbiased for its part and the estimate is their sum
-    (``Mass.strata``): no longer blind to the canonical tokenizations where the model's likeliest
-    allowed tokens lead elsewhere (Gemma 3's bare space token), and never counting a canonical
-    tokenization through the rare draws of the other part. A draw still ends where the whole
-    automaton's language does (first_match), and one that the twin cannot go on from misses."""
+    completions already ``seen`` (at most ``cached_states`` each). ``twin`` (local draws over
+    every tokenization): the same language's canonical automaton, which half the draws follow
+    (``Twin``); a draw still ends where the whole automaton's language does (first_match), and
+    one that the twin cannot go on from misses."""
 
     def __init__(self, automaton: TokenAutomaton, model: LanguageModel, rules: Decoding, opts: Sample,
                  stats: Optional[SampleStats] = None, twin: Optional[TokenAutomaton] = None):
         self.automaton, self.model = automaton, model
-        self.twin = twin if twin is not None and opts.mode == "local" else None
-        self._twin_starts: Dict[Tuple[int, ...], Optional[int]] = {}  # prefix path -> the twin's state after it
+        self.twin = Twin(twin) if twin is not None and opts.mode == "local" else None
         self.context = getattr(model, "max_length", None) or sys.maxsize  # tokens the model reads at most
         # a state's tokens begin with the start token, or a prompt's (which max_length counts as one)
         self.start_extra = len(model.start_tokens) - 1
@@ -169,8 +136,7 @@ class Sampler:
         # cumulative sums (float64); half the share for prefixes, half for completions
         per_state = len(model.vocabulary) * (12 if self.exact else 4)
         self.cached_states = max(opts.batch_size, memory.traversal // 2 // per_state)
-        self.prefixes: "OrderedDict[Tuple[int, ...], Tuple[ModelState, float]]" = OrderedDict()
-        self.seen: "OrderedDict[tuple, ModelState]" = OrderedDict()  # (prefix, completion tokens) -> state
+        self.states = StateCache(model, self.cached_states, opts.batch_size, self.context)
         self.done: Dict[int, Row] = {}
         self.active: List[_Walker] = []
         self.waiting: List[_Walker] = []
@@ -179,6 +145,16 @@ class Sampler:
         self.finished = 0  # samples drawn (strings of the language ended)
         self.cancel: Optional[threading.Event] = None
         self._finals: Dict[int, bool] = {}  # state -> _final_at(state)
+
+    @property
+    def prefixes(self):
+        """The cached prefix states (``StateCache.prefixes``)."""
+        return self.states.prefixes
+
+    @property
+    def seen(self):
+        """The cached completion states (``StateCache.seen``)."""
+        return self.states.seen
 
     def check_cancel(self) -> None:
         """Raise ``Cancelled`` once the query's cancel event is set."""
@@ -222,37 +198,17 @@ class Sampler:
     def prefix_states(self, walkers: List[_Walker]) -> None:
         """Give each walker its prefix's model state and probability (read, or from the cache),
         and restart it there."""
-        opts, prefixes = self.opts, self.prefixes
-        todo = sorted({w.prefix for w in walkers if w.prefix not in prefixes})
-        longest = 1 + max(map(len, todo), default=0)  # with the start token
-        if longest > self.context:  # said here, where it is known to be the prefix that does not fit
-            raise self.model.context_error(longest, " for a prefix",
-                                           hint="shorten PREFIX, or use a model with a longer context")
-        got = {}
-        for k in range(0, len(todo), opts.batch_size):
-            part = todo[k:k + opts.batch_size]
-            for path, st in zip(part, self.model.extend([None] * len(part), [list(p) for p in part])):
-                got[path] = (st, float(np.nansum(st.token_logprobs)))
-        for w in walkers:
-            w.start_state, w.pre_raw = got.get(w.prefix) or prefixes[w.prefix]
+        for w, got in zip(walkers, self.states.prefix_states([w.prefix for w in walkers])):
+            w.start_state, w.pre_raw = got
             self.restart(w)
-        for path, value in got.items():
-            prefixes[path] = value
-        while len(prefixes) > self.cached_states:
-            prefixes.popitem(last=False)
 
     def restart(self, w: _Walker) -> None:
         """Start a walker's completion again, after its prefix (a new draw)."""
         w.state, w.node, w.tokens, w.cond, w.weight = w.start_state, w.start_node, [], 0.0, 1.0
         if self.twin is not None:
             w.canonical = w.index % 2 == 0
-            w.twin_node, w.twin_weight = self._twin_start(w.prefix), 1.0
+            w.twin_node, w.twin_weight = self.twin.start(w.prefix), 1.0
         self.stats.draws += 1
-
-    def _twin_start(self, prefix: Tuple[int, ...]) -> Optional[int]:
-        if prefix not in self._twin_starts:
-            self._twin_starts[prefix] = self.twin.state_after(prefix, len(prefix))
-        return self._twin_starts[prefix]
 
     def walk(self, w: _Walker) -> bool:
         """Draw until the walker takes a token (True), or its sample ends, misses, or waits for
@@ -335,26 +291,9 @@ class Sampler:
     def advance(self, step: List[_Walker]) -> None:
         """Give every walker that drew a token its new model state: from the cache when already
         seen, the others from one model call."""
-        seen = self.seen
-        todo = {}
-        for w in step:
-            key = (w.prefix, tuple(w.tokens))
-            got = seen.get(key)
-            if got is not None:
-                seen.move_to_end(key)
-                w.state = got
-            else:
-                todo.setdefault(key, []).append(w)
-        if todo:
-            keys = list(todo)
-            parents = [todo[k][0].state for k in keys]
-            outs = self.model.extend(parents, [[k[1][-1]] for k in keys])
-            for key, st in zip(keys, outs):
-                for w in todo[key]:
-                    w.state = st
-                seen[key] = st
-            while len(seen) > self.cached_states:
-                seen.popitem(last=False)
+        keys = [(w.prefix, tuple(w.tokens)) for w in step]
+        for w, st in zip(step, self.states.advance(keys, [w.state for w in step])):
+            w.state = st
 
     def finish(self, w: _Walker, edits: int, eos_lp: float = 0.0) -> None:
         """The walker's sample is a string of the language: its row waits in ``done``."""
@@ -363,29 +302,15 @@ class Sampler:
         toks = list(w.prefix) + w.tokens
         weight, miss = w.weight, False
         if self.twin is not None:  # a canonical draw measures the canonical tokenizations, the others the rest
-            canonical = w.twin_node is not None and self.twin.is_final(w.twin_node)
+            canonical = self.twin.ends(w)
             weight, miss = (w.twin_weight if w.canonical else weight), canonical != w.canonical
         self.done[w.index] = make_row(self.model.vocabulary, toks, len(w.prefix), cond, w.pre_raw + cond, edits,
                                       w.index + 1, 1.0 if self.exact else weight, miss=miss,
                                       context=self.model.context)
 
-    def rule_scores(self, st: ModelState) -> RuleScores:
-        """The decoding rules on a state's distribution (cached on the state)."""
-        got = getattr(st, "_rules", None)
-        if got is None:
-            got = st._rules = RuleScores(st.logprobs[None], self.rules)
-        return got
-
-    def rule_at(self, st: ModelState, toks) -> np.ndarray:
-        """The rule-adjusted log-probabilities of ``toks`` after a state."""
-        scores = self.rule_scores(st)
-        t = torch.from_numpy(np.asarray(toks, np.int64)).to(scores.x.device)
-        return scores.at(torch.zeros_like(t), t).double().cpu().numpy()
-
     def draw(self, w: _Walker):
         """One step of a walker: ("end", None), ("token", t) or ("reject", zero_mass)."""
-        automaton, opts, rng = self.automaton, self.opts, w.rng
-        eos = self.model.eos_id
+        automaton, opts = self.automaton, self.opts
         arcs = automaton.arcs(w.node)
         comp = ~arcs.prefix
         toks, tgts = arcs.tokens[comp], arcs.targets[comp]
@@ -396,52 +321,12 @@ class Sampler:
             return "end", None
         last = len(w.tokens) < opts.max_tokens and len(w.state.tokens) - self.start_extra >= self.context
         if len(w.tokens) >= opts.max_tokens or last:
-            cause = "max_tokens" if len(w.tokens) >= opts.max_tokens else "context"
-            if last and not self.rules.eos:
-                # the model reads no more tokens, but the one it scores next may still end a string
-                # of the language (cut there, as max_tokens cuts one, and as the search takes it)
-                targets, back = np.unique(tgts, return_inverse=True)
-                ends = self._final_at(targets)[back.reshape(-1)]
-                toks, tgts, cut = toks[ends], tgts[ends], not ends.all()
-            else:
-                toks, tgts, cut = toks[:0], tgts[:0], len(toks) > 0  # only the end of text remains
-            if cut and cause not in self.stats.cut:
-                self.stats.cut += (cause,)
-        can_end = final and eos is not None
-        if self.exact:
-            t = _draw_full(rng, w.state, self.rule_scores(w.state))
-            if t == eos and can_end:
-                self.finish(w, edits, float(self.rule_at(w.state, [eos])[0]))
-                return "end", None
-            hit = np.flatnonzero(toks == t) if t != eos else []
-            if not len(hit):
-                return "reject", False
-            k = int(hit[0])
-            lp = float(self.rule_at(w.state, [t])[0])
-        else:
-            options = self.rule_at(w.state, np.concatenate([toks, [eos]]) if can_end else toks) \
-                if len(toks) or can_end else np.zeros(0)
-            lps = options[:len(toks)]
-            p = np.exp(options)
-            z = p.sum()
-            scale = 1.0
-            if not z > 0:  # every allowed token ruled out, or each too improbable for a float (a tiny
-                top = options.max() if len(options) else -math.inf  # temperature): drawn in proportion all the same
-                if top == -math.inf:
-                    return "reject", True  # a dead end
-                p = np.exp(options - top)
-                z, scale = p.sum(), math.exp(top)
-            if self.twin is not None:
-                k = self._twin_step(w, toks, p, scale)
-                if k < 0:
-                    return "reject", True  # the twin cannot go on from here: this canonical draw misses
-            else:
-                k = min(int(np.searchsorted(np.cumsum(p), rng.random() * z, side="right")), len(p) - 1)
-            w.weight *= z * scale
-            if can_end and k == len(lps):
-                self.finish(w, edits, float(options[-1]))
-                return "end", None
-            t, lp = int(toks[k]), float(lps[k])
+            toks, tgts = self.at_bound(w, toks, tgts, last)
+        can_end = final and self.model.eos_id is not None
+        what, got = (self.draw_exact if self.exact else self.draw_local)(w, toks, edits, can_end)
+        if what != "take":
+            return what, got
+        k, t, lp = got
         w.tokens.append(int(t))
         w.cond += lp
         w.node = int(tgts[k])
@@ -450,36 +335,62 @@ class Sampler:
             return "end", None
         return "token", int(t)
 
-    def _twin_step(self, w: _Walker, toks: np.ndarray, p: np.ndarray, scale: float) -> int:
-        """A local step with a twin: the index of the token drawn among ``toks`` (probabilities
-        ``p`` · ``scale``; ``p`` has one more entry, the end of text, where a string may end), from
-        all of them or, for a canonical draw, from those the twin allows (the end of text where
-        the twin's string may end); -1 where a canonical draw finds none. Moves the twin's state
-        and its weight along."""
-        allowed = np.zeros(len(p), bool)
-        targets = np.full(len(p), -1, np.int64)
-        if w.twin_node is not None:
-            arcs = self.twin.arcs(w.twin_node)
-            ttoks, ttgts = arcs.tokens[arcs.n_prefix:], arcs.targets[arcs.n_prefix:]  # sorted by token
-            if len(ttoks) and len(toks):
-                at = np.minimum(np.searchsorted(ttoks, toks), len(ttoks) - 1)
-                hit = ttoks[at] == toks
-                allowed[:len(toks)] = hit
-                targets[:len(toks)][hit] = ttgts[at][hit]
-            if len(p) > len(toks):
-                allowed[len(toks)] = self.twin.is_final(w.twin_node)
-        zc = float(p[allowed].sum())
-        pick = np.where(allowed, p, 0.0) if w.canonical else p
-        total = zc if w.canonical else float(p.sum())
-        if not total > 0:
-            return -1
-        k = min(int(np.searchsorted(np.cumsum(pick), w.rng.random() * total, side="right")), len(p) - 1)
-        if allowed[k]:  # (the end of text leaves the twin where its string ends)
-            w.twin_node = int(targets[k]) if k < len(toks) else w.twin_node
-            w.twin_weight *= zc * scale
+    def at_bound(self, w: _Walker, toks: np.ndarray, tgts: np.ndarray, last: bool):
+        """The tokens (and their targets) a walker at ``max_tokens`` or, ``last``, at the model's
+        context may still take, the bound noted where it cut a way on."""
+        cause = "max_tokens" if len(w.tokens) >= self.opts.max_tokens else "context"
+        if last and not self.rules.eos:
+            # the model reads no more tokens, but the one it scores next may still end a string
+            # of the language (cut there, as max_tokens cuts one, and as the search takes it)
+            targets, back = np.unique(tgts, return_inverse=True)
+            ends = self._final_at(targets)[back.reshape(-1)]
+            toks, tgts, cut = toks[ends], tgts[ends], not ends.all()
         else:
-            w.twin_node, w.twin_weight = None, 0.0
-        return k
+            toks, tgts, cut = toks[:0], tgts[:0], len(toks) > 0  # only the end of text remains
+        if cut and cause not in self.stats.cut:
+            self.stats.cut += (cause,)
+        return toks, tgts
+
+    def draw_exact(self, w: _Walker, toks: np.ndarray, edits: int, can_end: bool):
+        """A rejection step from the model's whole distribution: ("take", (place in ``toks``, token,
+        rule log-probability)), ("end", None) or ("reject", False)."""
+        eos = self.model.eos_id
+        t = _draw_full(w.rng, w.state, rule_scores(w.state, self.rules))
+        if t == eos and can_end:
+            self.finish(w, edits, float(rule_at(w.state, self.rules, [eos])[0]))
+            return "end", None
+        hit = np.flatnonzero(toks == t) if t != eos else []
+        if not len(hit):
+            return "reject", False
+        return "take", (int(hit[0]), t, float(rule_at(w.state, self.rules, [t])[0]))
+
+    def draw_local(self, w: _Walker, toks: np.ndarray, edits: int, can_end: bool):
+        """A local step among the tokens the language allows, renormalized: ("take", (place in
+        ``toks``, token, rule log-probability)), ("end", None) or ("reject", True) at a dead end."""
+        eos = self.model.eos_id
+        options = rule_at(w.state, self.rules, np.concatenate([toks, [eos]]) if can_end else toks) \
+            if len(toks) or can_end else np.zeros(0)
+        lps = options[:len(toks)]
+        p = np.exp(options)
+        z = p.sum()
+        scale = 1.0
+        if not z > 0:  # every allowed token ruled out, or each too improbable for a float (a tiny
+            top = options.max() if len(options) else -math.inf  # temperature): drawn in proportion all the same
+            if top == -math.inf:
+                return "reject", True  # a dead end
+            p = np.exp(options - top)
+            z, scale = p.sum(), math.exp(top)
+        if self.twin is not None:
+            k = self.twin.step(w, toks, p, scale)
+            if k < 0:
+                return "reject", True  # the twin cannot go on from here: this canonical draw misses
+        else:
+            k = min(int(np.searchsorted(np.cumsum(p), w.rng.random() * z, side="right")), len(p) - 1)
+        w.weight *= z * scale
+        if can_end and k == len(lps):
+            self.finish(w, edits, float(options[-1]))
+            return "end", None
+        return "take", (k, int(toks[k]), float(lps[k]))
 
     def _final_at(self, states: np.ndarray) -> np.ndarray:
         """Whether a string of the language may end at each of ``states`` (remembered: a draw at
@@ -494,6 +405,21 @@ class Sampler:
                 known = self._finals[s] = self.automaton.final_edits(s) >= 0
             got[i] = known
         return got
+
+
+def rule_scores(st: ModelState, rules: Decoding) -> RuleScores:
+    """The decoding rules on a state's distribution (cached on the state)."""
+    got = getattr(st, "_rules", None)
+    if got is None:
+        got = st._rules = RuleScores(st.logprobs[None], rules)
+    return got
+
+
+def rule_at(st: ModelState, rules: Decoding, toks) -> np.ndarray:
+    """The rule-adjusted log-probabilities of ``toks`` after a state."""
+    scores = rule_scores(st, rules)
+    t = torch.from_numpy(np.asarray(toks, np.int64)).to(scores.x.device)
+    return scores.at(torch.zeros_like(t), t).double().cpu().numpy()
 
 
 def _draw_full(rng: random.Random, state: ModelState, scores: RuleScores) -> int:
