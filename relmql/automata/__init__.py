@@ -24,24 +24,24 @@ def compile(matching: str, vocabulary: Vocabulary, prefix: Optional[str] = None,
     automaton over ``vocabulary``; ``context``: the tokens the text follows (a prompt's text after
     its last special token), which its canonical tokenization takes into account. Raises
     ``relmql.errors.Error`` subclasses on bad input."""
-    return _compile(matching, vocabulary, prefix or None, check_options(matching, prefix, options),
-                    tuple(int(t) for t in context))
+    _check_texts(matching, prefix)
+    return _compile(matching, vocabulary, prefix or None, options, tuple(int(t) for t in context))
 
 
-def check_options(matching, prefix, options: CompileOptions) -> CompileOptions:
-    """``options``, once MATCHING and PREFIX are strings (the options checked themselves when made)."""
+def _check_texts(matching, prefix) -> None:
+    """MATCHING given, and it and PREFIX strings (the options checked themselves when made)."""
     for name, value in (("MATCHING", matching), ("PREFIX", prefix)):
         if value is not None and not isinstance(value, str):
             raise CompileError(f"{name} must be a string, not {type(value).__name__}")
     if matching is None:
         raise CompileError("MATCHING is missing")
-    return options
 
 
 def byte_language(matching: str, prefix: Optional[str] = None, options: CompileOptions = CompileOptions()) -> Language:
     """The byte automaton ``compile`` builds first (cached): it needs no vocabulary, so that its
     errors, a pattern over the size limit among them, can come before a model loads."""
-    return compile_language(_spec(matching, prefix or None, check_options(matching, prefix, options)))
+    _check_texts(matching, prefix)
+    return compile_language(_spec(matching, prefix or None, options))
 
 
 def _spec(matching: str, prefix: Optional[str], options: CompileOptions) -> LanguageSpec:

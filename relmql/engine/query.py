@@ -54,7 +54,7 @@ def query_rows(plan: QueryPlan, models: Models,
         rows = execute(automaton, model, plan.traversal, plan.decoding, listener.cancel, watched)
     yield from _kept(plan, rows, regex, report, context, stats, listener)
     report.reread = reread_note(plan, model.stats.tokens - read_at[0], model.stats.recomputed - read_at[1])
-    if report.plan.limit is not None and report.rows >= report.plan.limit:
+    if plan.limit is not None and report.rows >= plan.limit:  # LIMIT ended it: the search's statistics say nothing
         return report
     _ended(report, stats)
     return report
