@@ -870,3 +870,22 @@ def test_threads_loading_a_model_at_once_load_it_once_and_alike(tiny, monkeypatc
     for c in caches:
         weights = c(ref).model.state_dict()
         assert all(torch.equal(weights[k], expected[k]) for k in expected)
+
+
+def test_a_model_is_freed_with_its_last_reference():
+    # its passes, key/value store and graphs point back to it; a reference cycle would hold its
+    # weights and cached keys until a full garbage collection (a closed connection kept them)
+    import gc
+    import weakref
+    from relmql.models import load_model
+    model = load_model("tiny-gpt2", dtype="float32")
+    root = model.extend([None], [model.vocabulary.encode("Hello")])[0]
+    model.extend([root], [[model.bos_id]])
+    gone = weakref.ref(model)
+    gc.collect()
+    gc.disable()
+    try:
+        del model, root
+        assert gone() is None
+    finally:
+        gc.enable()

@@ -246,3 +246,22 @@ def test_trie_walks_agree_whichever_way_a_state_is_walked(smol_vocab):
                 want[i] = int(s)
         got = dict(zip(toks[bounds[q]:bounds[q + 1]].tolist(), tgts[bounds[q]:bounds[q + 1]].tolist()))
         assert {i: s for i, s in got.items() if i in sample} == want, q
+
+
+@pytest.mark.parametrize("mode", ["all", "canonical"])
+def test_an_automaton_is_freed_with_its_last_reference(gpt2_vocab, mode):
+    # its parts point back to it; a reference cycle would keep every table alive until a full
+    # garbage collection (three eager builds in a row held three automata's arrays)
+    import gc
+    import weakref
+    from relmql.automata.language import LanguageSpec, compile_language
+    from relmql.automata.tokens import TokenAutomaton
+    automaton = TokenAutomaton(compile_language(LanguageSpec("Hello (cat|dog)s?", "Hello")), gpt2_vocab, mode, mode)
+    automaton.arcs(automaton.start)
+    gone = weakref.ref(automaton)
+    gc.disable()
+    try:
+        del automaton
+        assert gone() is None
+    finally:
+        gc.enable()

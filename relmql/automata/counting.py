@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -30,7 +31,7 @@ class Counting:
     again: the automaton's methods of the same names call these."""
 
     def __init__(self, automaton):
-        self.automaton = automaton  # the TokenAutomaton counted
+        self.automaton = weakref.proxy(automaton)  # the TokenAutomaton counted (a proxy: it owns this)
         self._counts: Dict[Tuple[int, int, int], int] = {}  # (state, max tokens, prefix only) -> paths
         self._too_long: Dict[int, Optional[int]] = {}  # max_tokens -> too_long(max_tokens)
 

@@ -4,6 +4,7 @@ from a state, where BPE's pair rule or the pre-tokenizer's chunks could block ev
 
 from __future__ import annotations
 
+import weakref
 from typing import Dict, Tuple
 
 import numpy as np
@@ -20,9 +21,10 @@ class LookAhead:
     let a token through?), ``living`` both for a batch's children."""
 
     def __init__(self, steps):
-        self.steps = steps  # the CanonicalSteps this looks ahead for
+        self.steps = weakref.proxy(steps)  # the CanonicalSteps this looks ahead for (they own it)
         automaton = steps.automaton
-        self.unpack, self.pack, self.bq = automaton.unpack, automaton.pack, automaton.bq
+        self.automaton = steps.automaton  # a proxy, as in the steps
+        self.bq = automaton.bq
         self.delta, self.dead, self.final = automaton.delta, automaton.dead, automaton.dfa.final
         self.tracker, self.pairs, self.tags = steps.tracker, steps.pairs, steps.tags
         self.bytes, self.trie, self.vocabulary = steps.bytes, steps.trie, steps.vocabulary
@@ -37,7 +39,7 @@ class LookAhead:
         finished canonically, grouped by (byte state, tracker state), looking a few tokens ahead
         where BPE's pair rule may block every next token."""
         r, toks, tq, end, lam2 = kids
-        groups, inv = np.unique(self.pack(tq, end, 0), return_inverse=True)
+        groups, inv = np.unique(self.automaton.pack(tq, end, 0), return_inverse=True)
         inv = inv.reshape(-1)
         gq, gt = (groups & ((1 << self.bq) - 1)).tolist(), (groups >> self.bq).tolist()
         alive = np.array([self.live(a, b, 1) for a, b in zip(gq, gt)], bool)
@@ -46,7 +48,7 @@ class LookAhead:
         keep = alive[inv]
         idx = np.flatnonzero(check[inv])
         if len(idx):
-            states, back = np.unique(self.pack(tq[idx], end[idx], lam2[idx]), return_inverse=True)
+            states, back = np.unique(self.automaton.pack(tq[idx], end[idx], lam2[idx]), return_inverse=True)
             fine = np.array([self.alive(s, 1) for s in states.tolist()], bool)
             keep[idx] = fine[back.reshape(-1)]
         return type(kids)(r[keep], toks[keep], tq[keep], end[keep], lam2[keep])
@@ -82,7 +84,7 @@ class LookAhead:
             return False
         if self.left <= 0:
             return True  # not remembered: alive keeps the answer it gives
-        q, tau, lam = self.unpack(state)
+        q, tau, lam = self.automaton.unpack(state)
         if self.end_ok(q, tau, region) or not self.bytes.few(q):
             self.memo[key] = (ALIVE_DEPTH, ends)
             return True
@@ -96,7 +98,7 @@ class LookAhead:
             toks, tq, end, lam2, _ = self.steps.step(q, tau, lam, region)
             # the longest tokens first: a long forced text is crossed in the fewest steps
             order = np.argsort(-self.trie.depth[self.trie.token_node[toks]], kind="stable")
-            for t in dict.fromkeys(self.pack(tq[order], end[order], lam2[order]).tolist()):
+            for t in dict.fromkeys(self.automaton.pack(tq[order], end[order], lam2[order]).tolist()):
                 if t != via and self._within(t, region, depth - 1):
                     self.via[key] = t
                     result = True

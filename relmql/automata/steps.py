@@ -5,6 +5,7 @@ docs/compiler.md, "Inside the token automaton")."""
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import List, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -32,12 +33,12 @@ class CanonicalSteps:
     few tokens ahead where the pair rule may block every way on."""
 
     def __init__(self, automaton):
-        self.automaton = automaton  # the TokenAutomaton these steps serve
+        self.automaton = weakref.proxy(automaton)  # the TokenAutomaton these steps serve (it owns them)
         self.vocabulary, self.trie, self.bytes = automaton.vocabulary, automaton.trie, automaton.bytes
         self.delta, self.dead = automaton.delta, automaton.dead
         self.tracker, self.pairs, self.tags = automaton.tracker, automaton.pairs, automaton.tags
         self.fb, self.fb_base = automaton.fb, automaton.fb_base
-        self.bq, self.pack, self.fresh = automaton.bq, automaton.pack, automaton.fresh
+        self.bq = automaton.bq
         self._bounds: dict = {}  # tracker state -> boundaries(tracker state)
         self._memo: dict = {}  # ("tags", q) and ("fallback", q, f, region) -> read-only arrays
         self.ahead = LookAhead(self)
@@ -58,7 +59,7 @@ class CanonicalSteps:
                     check[:n] |= groups.key == k
             idx = np.flatnonzero(check)
             if len(idx):
-                states, inv = np.unique(self.pack(tq[idx], end[idx], lam2[idx]), return_inverse=True)
+                states, inv = np.unique(self.automaton.pack(tq[idx], end[idx], lam2[idx]), return_inverse=True)
                 ok = np.array([self.ahead.alive(s, region) for s in states.tolist()], bool)
                 keep = np.ones(len(toks), bool)
                 keep[idx] = ok[inv.reshape(-1)]
@@ -67,7 +68,7 @@ class CanonicalSteps:
         if len(toks) > 1 and (np.diff(toks) < 0).any():  # byte-fallback or added tokens appended
             order = np.argsort(toks, kind="stable")
             toks, tq, end, lam2 = toks[order], tq[order], end[order], lam2[order]
-        return toks, self.pack(tq, end, lam2)
+        return toks, self.automaton.pack(tq, end, lam2)
 
     def step(self, q: int, tau: int, lam: int, region: int):
         """The tokens allowed from (q, tau, lam) in a canonical region, with their byte state,
@@ -105,7 +106,7 @@ class CanonicalSteps:
             got = self._memo[key] = (ids[keep], state[keep])
         toks, tq = got
         n = len(toks)
-        return toks, tq, np.full(n, self.fresh(region), np.int64), np.zeros(n, np.int64)
+        return toks, tq, np.full(n, self.automaton.fresh(region), np.int64), np.zeros(n, np.int64)
 
     def fallback_step(self, q: int, f: int, region: int):
         """The byte-fallback tokens allowed at byte state ``q``, ``f`` bytes into a character the
@@ -124,7 +125,7 @@ class CanonicalSteps:
         f2 = fdelta[f, byts]
         tq = self.delta[q, byts].astype(np.int64)
         done = ffinal[f2]
-        end = np.full(len(byts), self.fresh(region), np.int64)
+        end = np.full(len(byts), self.automaton.fresh(region), np.int64)
         lam2 = np.where(done, 0, self.fb_base + f2).astype(np.int64)
         toks = ftoks[byts]
         order = np.argsort(toks, kind="stable")
@@ -220,7 +221,7 @@ class CanonicalSteps:
         # each state's arcs by token (stable: BPE's before the others of the same token)
         order = np.argsort(kids.rows * len(self.vocabulary.tokens) + kids.tokens, kind="stable")
         r, toks = kids.rows[order], kids.tokens[order]
-        return [(rows[r], toks, self.pack(kids.q[order], kids.tau[order], kids.lam[order]),
+        return [(rows[r], toks, self.automaton.pack(kids.q[order], kids.tau[order], kids.lam[order]),
                  np.zeros(len(toks), bool))]
 
     def _kept_reads(self, qs: np.ndarray, flat: np.ndarray, flat_r: np.ndarray):

@@ -3,6 +3,7 @@ of their own (docs/models.md, *Inside the model backend*: CUDA graphs)."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Dict, Optional
 
 import torch
@@ -93,7 +94,7 @@ class Graphs:
     False runs the same padded shapes eagerly (a CPU checks them)."""
 
     def __init__(self, model, capture: bool = True, defer: Optional[bool] = None):
-        self.model, self.capture = model, capture
+        self.model, self.capture = weakref.proxy(model), capture  # the model owns these passes
         self.defer = capture if defer is None else defer
         # (kind, rows, past, new) → Pass, sized by its logits' bytes; dropped only by get and shrink
         self.kept = Lru(NO_LIMIT, keep=0)

@@ -57,8 +57,8 @@ class TransformersModel(LanguageModel):
         if self.vocabulary.bos_id is None:
             raise ModelError(f"model {name!r} has neither a start-of-text nor an end-of-text token")
         self.stats = ModelStats()
-        self.store = KVStore(kv_budget, held=lambda: self.passes.nbytes)  # the cached keys and values
-        self.passes = ForwardPasses(self)
+        self.passes = passes = ForwardPasses(self)
+        self.store = KVStore(kv_budget, held=lambda: passes.nbytes)  # the cached keys and values
         self.grouped_attention = use_grouped_attention(self.model)  # CPU attention over shared key/value heads
         self._lock = threading.RLock()
         self.attention = "padded copies of each sequence's keys and values"  # how it reads (the probes say)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import time
+import weakref
 from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -44,7 +45,7 @@ class ForwardPasses:
 
     def __init__(self, lm: "TransformersModel"):
         module = lm.model
-        self.lm = lm
+        self.lm = weakref.proxy(lm)  # the model these passes serve (it owns them)
         self.cache_arg = cache_argument(module)  # the name of the cache argument of the module's forward
         self.keep_arg = "logits_to_keep" in inspect.signature(module.forward).parameters  # logits of the last only
         self.mask_kinds = mask_kinds(module.config)  # (mask name, sliding window) per kind of layer
