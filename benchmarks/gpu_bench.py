@@ -160,7 +160,7 @@ def forward_cost(model, batches=(32, 256, 1024), past: int = 16, reps: int = 20)
         with torch.no_grad():
             # the executor's own layout: each layer's keys and values in a buffer with room for
             # the new token, written in place (no allocation: the pass can be captured as a graph)
-            prefilled = m(ids[:, :past], use_cache=True)[model._cache_arg]
+            prefilled = m(ids[:, :past], use_cache=True)[model.passes.cache_arg]
             buffers = []
             for layer in prefilled.layers:
                 k = layer.keys.new_empty(*layer.keys.shape[:2], past + 1, layer.keys.shape[-1])
@@ -169,7 +169,8 @@ def forward_cost(model, batches=(32, 256, 1024), past: int = 16, reps: int = 20)
                 buffers.append((k, v))
 
             def step():
-                return m(ids[:, past:], use_cache=True, **{model._cache_arg: preloaded_cache(buffers, past)}).logits
+                cache = {model.passes.cache_arg: preloaded_cache(buffers, past)}
+                return m(ids[:, past:], use_cache=True, **cache).logits
 
             for _ in range(3):
                 step()
@@ -306,12 +307,12 @@ def main(argv: List[str] = None) -> None:
                 save("compile_url_seconds", time.perf_counter() - t)
                 save("throughput", sweep(ta))
             elif part == "eager":  # the same searches with every forward pass eager (no CUDA graphs)
-                ta, graphs = url_of(model), model.graphs
-                model.graphs = None
+                ta, graphs = url_of(model), model.passes.graphs
+                model.passes.graphs = None
                 try:
                     save("throughput_eager", sweep(ta))
                 finally:
-                    model.graphs = graphs
+                    model.passes.graphs = graphs
             elif part == "relm":
                 save("versus_relm", versus_relm(model))
             elif part == "profile":

@@ -449,7 +449,7 @@ def test_a_query_that_reads_tokens_again_for_want_of_memory_says_so(con, monkeyp
     query = "SELECT text MATCHING 'a( a){400}( b| c){4}' PREFIX 'a( a){400}' LIMIT 8"
     assert len(session.sql(query).fetchall()) == 8
     assert "again" not in capsys.readouterr().err
-    monkeypatch.setattr(TransformersModel, "set_cache_budget", lambda self, n: setattr(self, "kv_budget", 1))
+    monkeypatch.setattr(TransformersModel, "set_cache_budget", lambda self, n: setattr(self.store, "budget", 1))
     before = (model.stats.tokens, model.stats.recomputed)
     assert len(session.sql(query).fetchall()) == 8
     tokens, again = model.stats.tokens - before[0], model.stats.recomputed - before[1]

@@ -171,7 +171,7 @@ def test_eviction_and_recomputation_give_the_same_rows(tiny, monkeypatch):
     seen = []
     # the query's share of max_memory for keys and values is 1 byte: every block is dropped as
     # soon as it is made
-    monkeypatch.setattr(tiny, "set_cache_budget", lambda n: seen.append(n) or setattr(tiny, "kv_budget", 1))
+    monkeypatch.setattr(tiny, "set_cache_budget", lambda n: seen.append(n) or setattr(tiny.store, "budget", 1))
     before = tiny.stats.recomputed
     got = [(r.tokens, r.logprob) for r in execute(ta, tiny, ShortestPath(batch_size=4))]
     assert tiny.stats.recomputed > before and seen == [ShortestPath().max_memory // 2]

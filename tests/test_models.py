@@ -16,6 +16,7 @@ from relmql.automata import CompileOptions, compile
 from relmql.automata.tokenizers.bpe import PairTable
 from relmql.errors import CompileError, ModelError
 from relmql.models import load_model
+from relmql.models.probes import probe_graphs
 from relmql.models.vocab import SENTENCEPIECE, from_tokenizer
 
 from conftest import enumerate_paths, segmentations, token_index
@@ -92,11 +93,11 @@ def _tree_and_padded(model, build):
     """The states ``build(model)`` makes, through tree attention and through padded copies."""
     out = {}
     for tree in (True, False):
-        model.tree_attention = tree
+        model.passes.tree_attention = tree
         try:
             out[tree] = build(model)
         finally:
-            model.tree_attention = True
+            model.passes.tree_attention = True
     return out[True], out[False]
 
 
@@ -106,7 +107,7 @@ def test_tree_attention_equals_padded_copies_and_plain_forward(request, model_na
     ancestors' keys and values, each once, under a 4D mask) gives each state the distribution a
     plain forward pass over its whole sequence gives, as the padded path does."""
     model = request.getfixturevalue(model_name)
-    assert model.tree_attention, model.attention
+    assert model.passes.tree_attention, model.attention
     enc = model.vocabulary.encode
     a, b = enc("The man was trained in"), enc("Hello there")
 
@@ -151,21 +152,21 @@ def test_padded_passes_in_graph_shapes_equal_plain_forward(request, model_name):
     a, b = enc("The man was trained in"), enc("Hello there, all of you")
     attention = model.attention
     try:
-        model._probe_graphs(capture=False)
-        assert model.graphs is not None and "shapes of CUDA graphs" in model.attention, model.attention
-        assert list(model.graphs.passes) == [("padded", 8, 32, 2), ("tree", 8, 32, 1)]
-        model.tree_attention = False
-        model.graphs = Graphs(model, capture=False)
+        probe_graphs(model, capture=False)
+        assert model.passes.graphs is not None and "shapes of CUDA graphs" in model.attention, model.attention
+        assert list(model.passes.graphs.passes) == [("padded", 8, 32, 2), ("tree", 8, 32, 1)]
+        model.passes.tree_attention = False
+        model.passes.graphs = Graphs(model, capture=False)
         root = model.extend([None], [a])[0]
         kids = model.extend([root, root, root, None], [[a[1]], b[:2], [a[0], a[2], a[3]], b[:3]])
-        assert list(model.graphs.passes) == [("padded", 8, 32, 4)]  # the new root reads its start token too
+        assert list(model.passes.graphs.passes) == [("padded", 8, 32, 4)]  # the new root reads its start token too
         long = model.extend([kids[0]], [b[:MAX_NEW + 1]])  # too many new tokens: not graphed
-        assert len(model.graphs.passes) == 1
+        assert len(model.passes.graphs.passes) == 1
         more = model.extend([kids[0], kids[1], kids[0], kids[3], root], [[a[2]], [a[0]], b[:1], a[:2], [b[0]]])
-        assert list(model.graphs.passes) == [("padded", 8, 32, 4), ("padded", 8, 32, 2)]
+        assert list(model.passes.graphs.passes) == [("padded", 8, 32, 4), ("padded", 8, 32, 2)]
         states = kids + long + more
     finally:
-        model.graphs, model.tree_attention, model.attention = None, True, attention
+        model.passes.graphs, model.passes.tree_attention, model.attention = None, True, attention
     _as_plain_forward(model, states)
     sizes = [bucket(n) for n in range(1, 2000)]
     assert sizes == sorted(sizes) and all(n <= s <= max(8, 1.5 * n) for n, s in zip(range(1, 2000), sizes))
@@ -178,17 +179,17 @@ def test_tree_passes_in_graph_shapes_equal_plain_forward(request, model_name):
     state the distribution of a plain forward pass over its whole sequence."""
     from relmql.models.graphs import Graphs
     model = request.getfixturevalue(model_name)
-    assert model.tree_attention, model.attention
+    assert model.passes.tree_attention, model.attention
     enc = model.vocabulary.encode
     a, b = enc("The man was trained in"), enc("Hello there")
-    model.graphs = Graphs(model, capture=False)
+    model.passes.graphs = Graphs(model, capture=False)
     try:
         root = model.extend([None], [a])[0]
         kids = model.extend([root, root, root, None], [[a[1]], b[:2], [a[0], a[2], a[3]], b])
         states = kids + model.extend([kids[0], kids[1], kids[0], kids[3]], [[a[2]], [a[0]], b[:1], a[:2]])
-        assert [k[0] for k in model.graphs.passes] == ["tree", "tree"], list(model.graphs.passes)
+        assert [k[0] for k in model.passes.graphs.passes] == ["tree", "tree"], list(model.passes.graphs.passes)
     finally:
-        model.graphs = None
+        model.passes.graphs = None
     _as_plain_forward(model, states)
 
 
@@ -200,14 +201,14 @@ def test_a_search_through_graph_shapes_finds_the_same_rows(tiny, tree):
     from relmql.execute import Decoding, ShortestPath, shortest_path
     from relmql.models.graphs import Graphs
     ta = compile("My phone number is [0-9]{3} [0-9]{4}", tiny.vocabulary, "My phone number is")
-    tiny.tree_attention = tree
+    tiny.passes.tree_attention = tree
     try:
         plain = list(shortest_path(ta, tiny, Decoding(), ShortestPath(limit=30, batch_size=37)))
-        tiny.graphs = Graphs(tiny, capture=False)
+        tiny.passes.graphs = Graphs(tiny, capture=False)
         graphed = list(shortest_path(ta, tiny, Decoding(), ShortestPath(limit=30, batch_size=37)))
-        assert ("tree" if tree else "padded", 48, 32, 1) in tiny.graphs.passes, list(tiny.graphs.passes)
+        assert ("tree" if tree else "padded", 48, 32, 1) in tiny.passes.graphs.passes, list(tiny.passes.graphs.passes)
     finally:
-        tiny.graphs, tiny.tree_attention = None, True
+        tiny.passes.graphs, tiny.passes.tree_attention = None, True
     assert len(plain) == 30 and [r.tokens for r in plain] == [r.tokens for r in graphed]
     assert max(abs(x.logprob - y.logprob) for x, y in zip(plain, graphed)) < 1e-4
 
@@ -219,13 +220,13 @@ def test_graph_shapes_are_kept_within_their_limits(tiny):
     buffer replaces the old one and the passes that read it, and shrink lets everything go."""
     from relmql.models import graphs as g
     tiny.extend([None], [tiny.vocabulary.encode("Hello there")])  # the pool, whose shape the graphs take
-    budget = tiny.kv_budget
+    budget = tiny.store.budget
     graphs = g.Graphs(tiny, capture=False, defer=True)
-    tiny.graphs = graphs
+    tiny.passes.graphs = graphs
     try:
         assert graphs.get(g.PADDED, 5, 3, 1, 2 ** 40) is None and graphs.get(g.PADDED, 7, 30, 1, 2 ** 40) is not None
         assert list(graphs.passes) == [(g.PADDED, 8, 32, 1)]
-        base = tiny.pool.nbytes + tiny._stage.nbytes
+        base = tiny.store.pool.nbytes + tiny.passes.stage.nbytes
         assert tiny.kv_bytes == base + graphs.nbytes > base
         graphs.defer = False
         for rows in (9, 13, 17, 25, 33, 49, 65, 97):  # eight more shapes
@@ -236,12 +237,12 @@ def test_graph_shapes_are_kept_within_their_limits(tiny):
         assert big is not None and list(graphs.passes) == [(g.PADDED, 64, 224, 2)]
         assert graphs.get(g.PADDED, 64, 200, 2, 1000) is big  # kept shapes are not checked again
         assert graphs.get(g.PADDED, 96, 200, 2, 1000) is None  # its logits over the cap
-        tiny.kv_budget = graphs.nbytes  # half of it cannot hold the pass
+        tiny.store.budget = graphs.nbytes  # half of it cannot hold the pass
         assert graphs.get(g.PADDED, 128, 200, 2, 2 ** 40) is None
         graphs.shrink(0)
         assert not graphs.passes and graphs.arena is None and graphs.nbytes == 0
     finally:
-        tiny.graphs, tiny.kv_budget = None, budget
+        tiny.passes.graphs, tiny.store.budget = None, budget
 
 
 def test_a_shape_that_cannot_be_captured_runs_eagerly(tiny, monkeypatch):
@@ -257,16 +258,16 @@ def test_a_shape_that_cannot_be_captured_runs_eagerly(tiny, monkeypatch):
     monkeypatch.setattr(g, "Pass", refuse)
     attention = tiny.attention
     try:
-        tiny.graphs = g.Graphs(tiny, capture=False)
+        tiny.passes.graphs = g.Graphs(tiny, capture=False)
         got = list(shortest_path(ta, tiny, Decoding(), ShortestPath(limit=20, batch_size=37)))
-        assert tiny.graphs.never and not tiny.graphs.passes and tiny.graphs.arena is None
-        assert tiny.graphs.failure == "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
-        tiny._probe_graphs(capture=False)
-        assert tiny.graphs is None and tiny.tree_attention
+        assert tiny.passes.graphs.never and not tiny.passes.graphs.passes and tiny.passes.graphs.arena is None
+        assert tiny.passes.graphs.failure == "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+        probe_graphs(tiny, capture=False)
+        assert tiny.passes.graphs is None and tiny.passes.tree_attention
         assert tiny.attention.endswith("; forward passes run eagerly (CUDA graphs: RuntimeError: CUDA out of "
                                        "memory. Tried to allocate 2.00 GiB)"), tiny.attention
     finally:
-        tiny.graphs, tiny.attention = None, attention
+        tiny.passes.graphs, tiny.attention = None, attention
     assert [r.tokens for r in got] == [r.tokens for r in plain]
 
 
@@ -325,7 +326,7 @@ def test_staged_keys_follow_each_calls_ancestors(request, model_name):
     """Calls whose ancestors begin alike keep the staged beginning in place; calls that switch
     roots, drop a block in the middle or go deeper must still read exactly their own ancestors."""
     model = request.getfixturevalue(model_name)
-    assert model.tree_attention and model.preload, model.attention
+    assert model.passes.tree_attention and model.passes.preload, model.attention
     model.set_cache_budget(2 ** 30)  # another test may have left it low
     enc = model.vocabulary.encode
     one, two = enc("A long shared passage about the history of the city"), enc("Something else entirely")
@@ -340,7 +341,7 @@ def test_staged_keys_follow_each_calls_ancestors(request, model_name):
     for parents, tokens in calls:
         for st in model.extend(parents, tokens):
             assert torch.allclose(st.logprobs, _direct(model, st.tokens), atol=1e-4)
-        copied.append(model._stage.copied)
+        copied.append(model.passes.stage.copied)
     # the shared passage stays where it is while it begins the list; the last call's ancestors
     # are all in place already
     r1n, k0n, k1n = r1.cache.n, kids[0].cache.n, kids[1].cache.n
@@ -393,11 +394,11 @@ def test_a_model_that_writes_keys_elsewhere_gets_copies(tiny, monkeypatch):
         return self.keys, self.values
     monkeypatch.setattr(attention._Preloaded, "update", misplaced)
     wrapped = TransformersModel(tiny.model, tiny.tokenizer, "misplaced")
-    assert not wrapped.preload and "copied once more" in wrapped.attention
+    assert not wrapped.passes.preload and "copied once more" in wrapped.attention
     enc = tiny.vocabulary.encode("Hello there, my friend")
     root = wrapped.extend([None], [enc[:2]])[0]
     for tree in (True, False):
-        wrapped.tree_attention = tree
+        wrapped.passes.tree_attention = tree
         for st in wrapped.extend([root, root], [enc[2:4], enc[2:3]]):
             assert torch.allclose(st.logprobs, _direct(tiny, st.tokens), atol=1e-4)
 
@@ -417,7 +418,7 @@ def test_a_model_that_refuses_the_tree_mask_keeps_padded_copies(tiny, monkeypatc
         return original(*args, attention_mask=attention_mask, **kw)
     monkeypatch.setattr(tiny.model, "forward", refusing)
     wrapped = TransformersModel(tiny.model, tiny.tokenizer, "no-custom-mask")
-    assert not wrapped.tree_attention
+    assert not wrapped.passes.tree_attention
     assert "padded copies" in wrapped.attention and "NotImplementedError" in wrapped.attention
     enc = tiny.vocabulary.encode("Hello there")
     state = wrapped.extend([wrapped.extend([None], [enc[:1]])[0]], [enc[1:]])[0]
@@ -438,9 +439,9 @@ def test_score_equals_stepwise_extension(tiny):
 def _pool_holds_live_blocks(model):
     """Every live block's tokens at slots of their own: none given twice, none free, none lost."""
     from relmql.models.kvpool import PAD
-    live = [b for b in (r() for r in model._kv_lru.values()) if b is not None and b.slots is not None]
+    live = [b for b in (r() for r in model.store.values()) if b is not None and b.slots is not None]
     slots = np.concatenate([b.slots for b in live]).tolist() if live else []
-    pool = model.pool
+    pool = model.store.pool
     assert len(set(slots)) == len(slots) and PAD not in slots
     assert not set(slots) & set(pool._free + pool._dead)
     assert pool.used == len(slots) == sum(b.n for b in live)
@@ -462,7 +463,7 @@ def test_the_pool_holds_each_token_once_within_the_budget(tiny, monkeypatch):
             cache = tiny.model(torch.tensor([[tiny.bos_id] + list(st.tokens[1:])]), use_cache=True).past_key_values
         direct = torch.stack([t[0] for layer in cache.layers for t in (layer.keys, layer.values)])
         slots = np.concatenate([b.slots for b in st.cache.chain()])
-        assert torch.allclose(tiny.pool.read(slots), direct, atol=1e-5)
+        assert torch.allclose(tiny.store.pool.read(slots), direct, atol=1e-5)
     _pool_holds_live_blocks(tiny)
     gone = [t for st in kids for t in st.cache.slots.tolist()]
     del st, kids
@@ -477,7 +478,7 @@ def test_the_pool_holds_each_token_once_within_the_budget(tiny, monkeypatch):
     def watched(states, tokens):
         got = extend(states, tokens)
         _pool_holds_live_blocks(tiny)
-        seen.append((tiny.kv_bytes, tiny.kv_budget, tiny.pool.used * tiny.pool.slot_bytes))
+        seen.append((tiny.kv_bytes, tiny.store.budget, tiny.store.pool.used * tiny.store.pool.slot_bytes))
         return got
 
     def search():
@@ -486,7 +487,7 @@ def test_the_pool_holds_each_token_once_within_the_budget(tiny, monkeypatch):
     monkeypatch.setattr(tiny, "extend", watched)
     plain = search()
     small = max(held for _, _, held in seen) // 2  # half of what the search kept at most
-    monkeypatch.setattr(tiny, "set_cache_budget", lambda n: setattr(tiny, "kv_budget", small))
+    monkeypatch.setattr(tiny, "set_cache_budget", lambda n: setattr(tiny.store, "budget", small))
     packs, resize = [], KVPool.resize
 
     def watched_resize(pool, n, live=()):
@@ -540,7 +541,7 @@ def test_new_keys_are_read_where_the_model_wrote_them(request, model_name, monke
     root = model.extend([None], [enc("The history of the city")])[0]
     news = [enc(" and"), enc(" but the"), enc(" or")]
     for tree in (True, False):
-        monkeypatch.setattr(model, "tree_attention", tree)
+        monkeypatch.setattr(model.passes, "tree_attention", tree)
         got = []
         for read_in_place in (True, False):
             seen.clear()
@@ -548,7 +549,7 @@ def test_new_keys_are_read_where_the_model_wrote_them(request, model_name, monke
                                 or (seen[-1] and read_in_place))
             kids = model.extend([root] * 3, news)
             assert seen == [True]
-            got.append([model.pool.read(st.cache.slots) for st in kids])
+            got.append([model.store.pool.read(st.cache.slots) for st in kids])
         assert all(torch.equal(a, b) for a, b in zip(*got))
         for st in kids:
             with torch.no_grad():
@@ -556,7 +557,7 @@ def test_new_keys_are_read_where_the_model_wrote_them(request, model_name, monke
                                     use_cache=True).past_key_values
             direct = torch.stack([t[0] for layer in cache.layers for t in (layer.keys, layer.values)])
             slots = np.concatenate([b.slots for b in st.cache.chain()])
-            assert torch.allclose(model.pool.read(slots), direct, atol=1e-4, rtol=1e-4)
+            assert torch.allclose(model.store.pool.read(slots), direct, atol=1e-4, rtol=1e-4)
 
 
 def test_evicted_state_is_recomputed(tiny):
@@ -570,8 +571,8 @@ def test_evicted_state_is_recomputed(tiny):
 def _evict_blocks(model, blocks):
     """Drop ``blocks``' keys and values as the model's least-recently-used eviction does."""
     for b in blocks:
-        model._kv_lru.pop(id(b))
-        model.pool.give_back(b.slots)
+        model.store.pop(id(b))
+        model.store.pool.give_back(b.slots)
         b.slots = None
 
 
@@ -596,7 +597,7 @@ def test_evicted_blocks_are_read_again_once_a_call_in_place(request, model_name,
     mid = model.extend([root, root], [t[:1], t[1:2]])
     leaves = model.extend([mid[0], mid[0], mid[1], mid[1]], [t[2:3], t[3:4], t[2:3], t[4:5]])
     lost = root.cache.chain() + [mid[0].cache, leaves[0].cache, leaves[3].cache]
-    before = [model.pool.read(b.slots) for b in lost]
+    before = [model.store.pool.read(b.slots) for b in lost]
     _evict_blocks(model, lost)
     passes, restore_pass = [], model._restore_pass
     monkeypatch.setattr(model, "_restore_pass", lambda group: passes.append(len(group)) or restore_pass(group))
@@ -610,7 +611,7 @@ def test_evicted_blocks_are_read_again_once_a_call_in_place(request, model_name,
     tol = 2e-4 if model_name == "gemma" else 1e-4
     for b, kv in zip(lost, before):
         assert b.slots is not None
-        assert (model.pool.read(b.slots) - kv).abs().max() <= tol + 1e-5 * kv.abs().max()  # gemma's reach 94
+        assert (model.store.pool.read(b.slots) - kv).abs().max() <= tol + 1e-5 * kv.abs().max()  # gemma's reach 94
     for st in got:
         with torch.no_grad():
             ref = torch.log_softmax(model.model(torch.tensor([list(st.tokens)])).logits[0].float(), -1)

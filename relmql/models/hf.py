@@ -23,12 +23,6 @@ from .vocab import Vocabulary, from_tokenizer
 DEFAULT_KV_BUDGET = 2 ** 30  # bytes of cached keys and values kept per model (a query sets its own share)
 
 
-def _part(part: str, name: str, doc: str) -> property:
-    """An attribute of the model that is ``name`` of its part ``part`` (read and set there)."""
-    return property(lambda self: getattr(getattr(self, part), name),
-                    lambda self, value: setattr(getattr(self, part), name, value), doc=doc)
-
-
 class TransformersModel(LanguageModel):
     """Any transformers causal LM with a fast tokenizer (build one with ``loading.wrap`` or
     ``loading.from_pretrained``, which check how it reads).
@@ -63,20 +57,6 @@ class TransformersModel(LanguageModel):
         self._lock = threading.RLock()
         self.attention = "padded copies of each sequence's keys and values"  # how it reads (the probes say)
 
-    # the parts' settings, read and set through the model (the probes, EXPLAIN, tests and benchmarks)
-    kv_budget = _part("store", "budget", "Bytes of keys and values kept (``set_cache_budget``).")
-    pool = _part("store", "pool", "The ``KVPool`` of every cached token's keys and values.")
-    tree_attention = _part("passes", "tree_attention", "Whether a batch is read as one sequence under a tree mask.")
-    preload = _part("passes", "preload", "Whether past keys and values are laid out with room for the new ones.")
-    graphs = _part("passes", "graphs", "The passes replayed as CUDA graphs (``graphs.Graphs``), or None.")
-    _stage = _part("passes", "stage", "The staging buffer of the calls' pasts (``attention.Stage``).")
-    _cache_arg = _part("passes", "cache_arg", "The name of the module's cache argument.")
-
-    @property
-    def _kv_lru(self) -> KVStore:
-        """The record of the blocks held (``values``: their weak references; ``pop``)."""
-        return self.store
-
     def set_cache_budget(self, nbytes: int) -> None:
         self.store.budget = nbytes
         self._evict()
@@ -91,11 +71,6 @@ class TransformersModel(LanguageModel):
         """Keep the passes' buffers and the cached keys and values within the budget."""
         self.passes.trim(self.store.budget)
         self.store.evict()
-
-    def _probe_graphs(self, capture: bool = True) -> None:
-        """The load-time check of CUDA graphs again (``probes.probe_graphs``)."""
-        from .probes import probe_graphs
-        probe_graphs(self, capture)
 
     # -- reading tokens
     @torch.inference_mode()
@@ -126,7 +101,7 @@ class TransformersModel(LanguageModel):
                 raise ValueError("extend needs at least one new token for an existing state")
             chain = st.cache.chain() if st.cache is not None else None
             gone = [b for b in chain if b.slots is None] if chain is not None else None
-            if chain is None or (gone and not self.tree_attention):
+            if chain is None or (gone and not self.passes.tree_attention):
                 # evicted: read everything again (the first new token's probability is known)
                 self.stats.recomputed += len(st.tokens)
                 seqs.append(Seq((), None, list(st.tokens) + new, len(st.tokens)))
