@@ -156,13 +156,19 @@ class StubModel:
     """A model whose forward pass costs next to nothing, with a real vocabulary: each call's
     next-token log-probabilities are consecutive rows of a fixed table of random ones (skewed as
     a language model's are), a view, picked by the call's first sequence. A search driving it
-    spends its time in the executor alone (what the stub spends is counted apart)."""
+    spends its time in the executor alone (what the stub spends is counted apart).
 
-    def __init__(self, vocabulary, rows: int = 1024, seed: int = 0):
+    With ``latency`` (seconds) it stands for a model on an accelerator: each sequence's row is
+    picked by the sequence alone (gathered, as a forward pass writes its logits), and a call
+    takes ``latency`` of wall time, waiting out what the gathering left without using the CPU
+    (a sleep, which releases the GIL); ``stats.seconds`` is then the time the "device" was busy."""
+
+    def __init__(self, vocabulary, rows: int = 1024, seed: int = 0, latency: float = None):
         from relmql.models.base import ModelStats
         gen = torch.Generator().manual_seed(seed)
         self.table = torch.log_softmax(torch.randn(rows, len(vocabulary), generator=gen) * 3, -1)
         self.numpy = self.table.numpy()
+        self.latency = latency
         self.vocabulary, self.name, self.approximate = vocabulary, "stub", None
         self.device, self.dtype, self.stats = torch.device("cpu"), torch.float32, ModelStats()
 
@@ -174,20 +180,31 @@ class StubModel:
     def set_cache_budget(self, nbytes: int) -> None:
         pass
 
+    def _row(self, seq) -> int:
+        """The table row a sequence's next token is read from (``latency`` set)."""
+        return hash(tuple(seq)) % len(self.table)
+
     def extend(self, states, tokens):
         from relmql.models.base import ModelState
         t0 = time.perf_counter()
         seqs = [(st.tokens if st is not None else (self.bos_id,)) + tuple(new) for st, new in zip(states, tokens)]
-        first = (seqs[0][-1] * 7919 + len(seqs[0])) % (len(self.table) - len(seqs))
-        rows = self.table[first:first + len(seqs)]
         sizes = [len(new) for new in tokens]
-        at = np.repeat((first + 1 + np.arange(len(seqs))) % len(self.table), sizes)  # the row each is read with
+        if self.latency is None:
+            first = (seqs[0][-1] * 7919 + len(seqs[0])) % (len(self.table) - len(seqs))
+            rows = self.table[first:first + len(seqs)]
+            at = np.repeat((first + 1 + np.arange(len(seqs))) % len(self.table), sizes)  # the row each is read with
+        else:  # by the sequence alone: the row it is read with, and that of each token's prefix before it
+            rows = self.table[torch.tensor([self._row(seq) for seq in seqs])]
+            at = np.array([self._row(seq[:len(seq) - n + i]) for seq, n in zip(seqs, sizes) for i in range(n)],
+                          np.int64)
         lps = self.numpy[at, np.fromiter((t for new in tokens for t in new), np.int64, len(at))].astype(np.float64)
         ends = np.cumsum(sizes)
         starts = ends - sizes
         lps[starts[[st is not None and n > 0 for st, n in zip(states, sizes)]]] = np.nan  # in the state extended
         out = [ModelState(toks, rows[b], lps[a:e]) for b, (toks, a, e) in enumerate(zip(seqs, starts.tolist(),
                                                                                         ends.tolist()))]
+        if self.latency is not None:
+            time.sleep(max(0.0, self.latency - (time.perf_counter() - t0)))
         self.stats.seconds += time.perf_counter() - t0
         self.stats.calls += 1
         self.stats.tokens += sum(len(n) for n in tokens)
@@ -405,7 +422,16 @@ def main(argv: List[str] = None) -> None:
     p.add_argument("--json", help="write the results here")
     p.add_argument("--query", action="append", choices=list(QUERIES),
                    help="only this query (repeatable), against --baseline; no stub")
+    p.add_argument("--device-latency", metavar="TIME",
+                   help="only the pipelined search against the serial one on a model whose calls take TIME of "
+                        "device time (e.g. 20ms; benchmarks.latency_bench), at --batch")
+    p.add_argument("--batch", type=int, default=256, help="nodes a model call (--device-latency)")
     args = p.parse_args(argv)
+    if args.device_latency:
+        from benchmarks import latency_bench
+        latency_bench.main(["--device-latency", args.device_latency, "--batch", str(args.batch)]
+                           + (["--json", args.json] if args.json else []))
+        return
     if args.worker:
         print(json.dumps(worker(args.worker)))
         return

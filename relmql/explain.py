@@ -13,6 +13,7 @@ from .automata import TokenAutomaton
 from .automata.bytedfa import format_count
 from .engine import Models, compile_plan, load
 from .execute.measure import bounds_first, canonical_part, not_apart, token_sequences
+from .execute.pipeline import pipelined
 from .memory import format_size, shares
 from .models import LanguageModel
 from .plan import DatasetPlan, Plan, QueryPlan, count_selected, plan_row, selected_rows
@@ -139,8 +140,12 @@ def _shortest(s: _Subject) -> List[tuple]:
     bounds += [f"{t.max_nodes_per_row:,} nodes without a row (max_nodes_per_row)"] if t.max_nodes_per_row else []
     bounds += [f"its share of max_memory ({format_size(shares(t.max_memory).traversal)} of "
                f"{format_size(t.max_memory)})"]
+    said = " (pipeline on)" if t.pipeline else " (pipeline off)" if t.pipeline is False else (
+        " (the model is off the CPU)" if pipelined(t, s.model) else " (the model shares the CPU)")
+    flight = ("the next batch is picked while a model call is in flight" if pipelined(t, s.model) else
+              "model calls one after another") + said
     return [("traversal", f"shortest path: most probable first by {t.order}{why}{stop}; batches of {t.batch_size} "
-                          f"nodes{grow}, at most {t.max_tokens} completion tokens"),
+                          f"nodes{grow}, at most {t.max_tokens} completion tokens; {flight}"),
             ("bounds", "the search stops, keeping the rows found, at " + ", ".join(bounds))]
 
 

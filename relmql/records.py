@@ -298,6 +298,7 @@ class ShortestPath:
     max_nodes_per_row: Optional[int] = MAX_NODES_PER_ROW
     max_memory: int = DEFAULT_MAX_MEMORY
     first_match: bool = False
+    pipeline: Optional[bool] = None  # a model call in flight while the host works (None: off a CPU)
 
     @staticmethod
     def batches(batch_size: Optional[int]) -> Dict[str, Optional[int]]:
@@ -324,6 +325,8 @@ class ShortestPath:
             v = getattr(self, name)
             if v is not None and not (isinstance(v, int) and v >= 1):
                 raise ExecutionError(f"{name} must be a whole number of at least 1, not {v!r}")
+        if self.pipeline not in (None, True, False):
+            raise ExecutionError(f"pipeline must be on or off, not {self.pipeline!r}")
         _check_memory(self.max_memory)
         return self
 

@@ -27,6 +27,13 @@ class Read(NamedTuple):
     fields: List[tuple]  # (may read a prefix token, may read a completion token, pre_raw, cond)
 
 
+class Sent(NamedTuple):
+    """A batch's model call: what ``LanguageModel.extend`` reads, one entry per chain."""
+    batch: list  # the chains and the child each is read from (0: the first)
+    parents: List[Optional[ModelState]]  # the state each chain extends (None: the start)
+    tokens: List[List[int]]  # the chain's new tokens
+
+
 class Children(NamedTuple):
     """The children a batch's nodes may have, found and keyed at once (``[children]`` arrays unless
     said; ``kept`` picks, from the candidate arcs, those the bounds and rules keep)."""
@@ -104,16 +111,19 @@ class Expander:
 
     def expand(self, batch: list, found: int) -> None:
         """One model call for ``batch`` (``found``: rows released so far)."""
-        read = self.call_model(batch)
-        kids = self.score_children(read)
+        sent = self.send(batch)
+        self.absorb(self.receive(sent, self.model.extend(sent.parents, sent.tokens)), found)
+
+    def absorb(self, read: Read, found: int, scores: Optional[RuleScores] = None) -> None:
+        """A model call's results taken in: the children scored (``scores``: the rules' scores of its
+        distributions, where the model's side made them), the cuts noted, the children stored."""
+        kids = self.score_children(read, scores)
         self.note_cuts(read, kids, found)
         self.store_children(read, kids, found)
 
-    def call_model(self, batch: list) -> Read:
-        """Read the batch's chains in one model call: count the nodes expanded, give a chain's
-        forced prefix nodes their probabilities (and the result at its end, without eos) and each
-        node its keys and values."""
-        model, rules, opts, stats, frontier = self.model, self.rules, self.opts, self.stats, self.frontier
+    def send(self, batch: list) -> "Sent":
+        """The model call that reads the batch's chains: each chain's parent state and new tokens."""
+        model = self.model
         parents, toks_in = [], []
         for chain, _ in batch:
             head = chain[0]
@@ -124,7 +134,13 @@ class Expander:
             p = head.parent
             parents.append(None if p is None else ModelState(
                 p.seq if p.seq is not None else (*model.start_tokens, *p.tokens()), None, None, p.cache))
-        outs = model.extend(parents, toks_in)
+        return Sent(batch, parents, toks_in)
+
+    def receive(self, sent: "Sent", outs: List[ModelState]) -> Read:
+        """A call's states taken in: count the nodes expanded, give a chain's forced prefix nodes
+        their probabilities (and the result at its end, without eos) and each node its keys and
+        values."""
+        rules, opts, stats, frontier, batch = self.rules, self.opts, self.stats, self.frontier, sent.batch
         nodes, chunks, states, fields = [], [], [], []
         fixed, per_token = SEQ_BYTES
         counted = set()  # the chains of a prefix tree share their first nodes: each is counted once
@@ -156,13 +172,14 @@ class Expander:
                            node.cond))
         return Read(outs, nodes, chunks, states, fields)
 
-    def score_children(self, read: Read) -> Children:
+    def score_children(self, read: Read, scores: Optional[RuleScores] = None) -> Children:
         """Every node's candidate children at once (node, token, target, is prefix), the rules'
         scores and the keys of those kept: prefix tokens by the prefix's probability (first, under
         prob), completion tokens by the completion's (or the whole text's, under total_prob)."""
         rules, size = self.rules, len(read.nodes)
-        raw = stacked(read.outs)
-        scores = RuleScores(raw, rules)
+        if scores is None:
+            scores = RuleScores(stacked(read.outs), rules)
+        raw = scores.logprobs
         rows_idx, cols, targets, pre = self.automaton.arcs_of(read.states, scores.kept)
         raw_all, rule_all = scores.pick(rows_idx, cols)
         eos_rule = None

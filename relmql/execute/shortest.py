@@ -17,6 +17,7 @@ from .decoding import batch_limit
 from .expansion import Expander
 from .frontier import ARG, CHILD, KIND, NODE, RESULT, Frontier, Node
 from .ledger import Ledger, SearchStats
+from .pipeline import Flight, pipelined
 from .prefixtree import prefix_chains
 from .rows import Row, make_row
 
@@ -55,6 +56,7 @@ class ShortestPathSearch:
                    self.budget.traversal // 4 // (8 * len(model.vocabulary)))
         self.max_batch = max(self.opts.batch_size, grow)
         self.batch: list = []
+        self.flight: Optional[Flight] = None  # the model call in flight (pipelined)
         self.found = 0  # rows released
         self.frontier = Frontier(self.by_prob)
         self.ledger = Ledger(automaton, self.rules, self.opts, self.stats, self.budget, self.context, CUT)
@@ -84,11 +86,23 @@ class ShortestPathSearch:
             return
         root_key = self.frontier.node_key(0.0, 0.0, True)
         self.consider(Node(None, None, self.automaton.start, True, 0, 0, 0.0, 0.0, root_key))
-        while self.batch or self.frontier.queue:
+        self.flight = Flight(self.model, self.rules) if pipelined(self.opts, self.model) else None
+        try:
+            yield from self.search(cancel)
+        finally:
+            if self.flight is not None:
+                self.flight.close()
+
+    def search(self, cancel: Optional[threading.Event]) -> Iterator[Row]:
+        """The loop of ``rows``: fill the batch, expand it; pipelined, the next batch is filled and
+        the last call's results taken in while a model call is in flight."""
+        flight = self.flight
+        while self.batch or self.frontier.queue or (flight is not None and flight.busy):
             if cancel is not None and cancel.is_set():
                 raise Cancelled("the query was cancelled")
             if (yield from self.fill(cancel)):
                 return
+            landed = self.land() if flight is not None and flight.busy else None
             if self.batch:
                 stop = self.bound()
                 if stop is not None:
@@ -96,15 +110,30 @@ class ShortestPathSearch:
                     if not self.found:  # what had cut ways short may be why none was found (max_tokens 5
                         self.stats.no_row = self.ledger.went_on(())  # of a language of 200-letter strings)
                     return
-                self.expand()
-                if self.stats.watch is not None:
-                    self.stats.watch(self.stats, self.opts)
+                if flight is None:
+                    self.expand()
+                else:
+                    batch, self.batch = self.batch, []
+                    flight.start(self.expander.send(batch))
+            if landed is not None:
+                read, scores = landed
+                self.expander.absorb(read, self.found, scores)
+            if self.stats.watch is not None and (flight is None or landed is not None):
+                self.stats.watch(self.stats, self.opts)
         # the language is exhausted under the rules and bounds. With rows, the rules' cuts are
         # what was asked for
         if self.found:
             self.stats.cut = self.ledger.went_on(("rules", "eos"))
         else:
             self.stats.no_row = self.ledger.went_on(())
+
+    def land(self):
+        """The call in flight, once made, taken in as far as the next call needs (its nodes' keys
+        and values), with its scores: its children are stored while the next call is in flight."""
+        sent, outs, scores = self.flight.land()
+        read = self.expander.receive(sent, outs)
+        self.count_prefixes()
+        return read, scores
 
     def fill(self, cancel: Optional[threading.Event] = None) -> Generator[Row, None, bool]:
         """Take entries from the queue until the batch is full: release the results nothing in the
@@ -124,6 +153,9 @@ class ShortestPathSearch:
             entry = pop(queue)
             _, val, _, kind, node, arg = entry
             if kind == RESULT:
+                if not (batch or held) and self.flight is not None and self.flight.busy:
+                    heapq.heappush(queue, entry)  # released once the call in flight is taken in, if still first
+                    break
                 if batch or held:
                     # cheaper nodes in the batch must be expanded first; meanwhile fill the batch
                     # with the next nodes (the model call costs about the same)
@@ -227,6 +259,10 @@ class ShortestPathSearch:
         keeping a chunk of its children sorted."""
         batch, self.batch = self.batch, []
         self.expander.expand(batch, self.found)
+        self.count_prefixes()
+
+    def count_prefixes(self) -> None:
+        """The prefix nodes expanded so far, under the bound "prob" order puts on them."""
         self.stats.prefix = prefixes = self.expander.prefix_expanded
         if self.by_prob and prefixes > self.opts.max_prefix_nodes:
             raise self.ledger.too_many_prefix_paths(f"more than {self.opts.max_prefix_nodes:,}")

@@ -194,6 +194,10 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
                f"nodes (shortest path) or samples (SAMPLE) per model call; default {SEARCH_BATCH_SIZE} (growing "
                f"to {SEARCH_MAX_BATCH_SIZE} while rows are far apart) and {SAMPLE_BATCH_SIZE}; a number given "
                f"is kept, up to what max_memory holds", low=1),
+    OptionSpec("pipeline", "bool", None, "traversal",
+               "shortest path: pick the next batch and take in the last call's results while the model "
+               "makes a call (rows unchanged); default on where the model runs off a CPU, off on a CPU, "
+               "where the two share the cores"),
     OptionSpec("sampling", "choice", Sample.mode, "traversal",
                "SAMPLE draws: local (renormalized over the language, with importance weights) or exact "
                "(rejection: the model's distribution conditioned on the language)", SAMPLING_MODES),

@@ -143,7 +143,7 @@ def _shortest_path(query: A.Query, source: str, opts, prefix: Optional[str], pus
                         **ShortestPath.batches(opts["batch_size"]),
                         max_prefix_tokens=opts["max_prefix_tokens"],
                         max_nodes=opts["max_nodes"], max_nodes_per_row=opts["max_nodes_per_row"],
-                        max_memory=opts["max_memory"])
+                        max_memory=opts["max_memory"], pipeline=opts["pipeline"])
 
 
 def query_options(query: A.Query, source: str, settings, params) -> Dict[str, Any]:
