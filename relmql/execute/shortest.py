@@ -106,6 +106,8 @@ class ShortestPathSearch:
             if self.batch:
                 stop = self.bound()
                 if stop is not None:
+                    if landed is not None:  # taken in, as the serial search takes in its last call
+                        self.expander.absorb(landed[0], self.found, landed[1])
                     self.stats.stop = stop  # a budget, not an order: rows released so far are exact
                     if not self.found:  # what had cut ways short may be why none was found (max_tokens 5
                         self.stats.no_row = self.ledger.went_on(())  # of a language of 200-letter strings)
@@ -116,8 +118,7 @@ class ShortestPathSearch:
                     batch, self.batch = self.batch, []
                     flight.start(self.expander.send(batch))
             if landed is not None:
-                read, scores = landed
-                self.expander.absorb(read, self.found, scores)
+                self.expander.absorb(landed[0], self.found, landed[1])
             if self.stats.watch is not None and (flight is None or landed is not None):
                 self.stats.watch(self.stats, self.opts)
         # the language is exhausted under the rules and bounds. With rows, the rules' cuts are
