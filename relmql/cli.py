@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import os
 import sys
@@ -403,36 +402,15 @@ class _Statements:
             shell.last_result = result
 
 
-@contextlib.contextmanager
 def _ctrl_c(running: List[object]):
-    """While a script's statements run in the main thread, Ctrl-C raises KeyboardInterrupt as
-    ever and also cancels the queries in ``running``, so that a query stops at its next model
-    call even where the KeyboardInterrupt is lost: raised inside a finalizer or a weakref callback,
-    Python prints it as ignored and goes on (here it is not printed; the press is kept). Yields
-    the list of presses. Where SIGINT is not Python's own handler (ignored in a background job,
-    or set by a program that runs scripts), nothing changes."""
-    import signal
-    from .repl.shell import _interrupts
-    pressed: List[int] = []
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield pressed
-        return
+    """Ctrl-C during a script: KeyboardInterrupt as ever, and the queries in ``running`` cancelled
+    (``api.interrupts.ctrl_c_cancels``); yields the list of presses."""
+    from .api.interrupts import ctrl_c_cancels
 
-    def press(signum: int) -> None:
-        pressed.append(signum)
+    def cancel() -> None:
         for r in running:
             r.cancel()
-        raise KeyboardInterrupt
-
-    def unraisable(u) -> None:
-        if not (pressed and issubclass(u.exc_type, KeyboardInterrupt)):
-            hook(u)
-    hook, sys.unraisablehook = sys.unraisablehook, unraisable
-    try:
-        with _interrupts(press):
-            yield pressed
-    finally:
-        sys.unraisablehook = hook
+    return ctrl_c_cancels(cancel)
 
 
 def _timer(shell, began: float, presenter) -> None:

@@ -212,6 +212,74 @@ def test_ctrl_c_stops_a_long_compile_in_python(con, monkeypatch):
     assert len(con.sql(SMALL + " LIMIT 1").fetchall()) == 1
 
 
+
+def test_ctrl_c_is_not_lost_when_it_lands_in_a_finalizer(con, monkeypatch):
+    """Python drops a KeyboardInterrupt raised inside a finalizer ("Exception ignored in ...", as a
+    garbage collection can run one at any moment); the statement is cancelled too, so a compile
+    that takes minutes stops at its next checkpoint and Ctrl-C still raises KeyboardInterrupt."""
+    import signal
+
+    from relmql.automata import primitives
+
+    class PressedDuringFinalizer:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)  # the handler runs here, inside __del__
+
+    children = []
+    spawn = primitives._spawn
+
+    def spawn_then_press(args):
+        children.append(spawn(args))
+        PressedDuringFinalizer()  # made and dropped at once
+        return children[-1]
+
+    monkeypatch.setattr(primitives, "_spawn", spawn_then_press)
+    watchdog = threading.Timer(20, lambda: [c.kill() for c in children])  # a lost press: a failure, not minutes
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # a test worker may ignore SIGINT
+    watchdog.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            con.sql("EXPLAIN MATCHING '(a|b)*a(a|b){20}' USING max_states 3000000")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    finally:
+        watchdog.cancel()
+        signal.signal(signal.SIGINT, before)
+    assert len(children) == 1 and children[0].returncode is not None
+    assert len(con.sql(SMALL + " LIMIT 1").fetchall()) == 1
+
+
+
+def test_ctrl_c_lost_in_a_finalizer_still_stops_a_query(con, monkeypatch):
+    """The same for a query's rows: the press cancels the query, which stops at its next model
+    call (here: rather than at the end of a 20 s wait), and reading raises KeyboardInterrupt."""
+    import signal
+
+    import relmql.engine
+
+    class PressedDuringFinalizer:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)
+
+    def stuck(plan, models, listener, *args, **kwargs):
+        PressedDuringFinalizer()
+        listener.cancel.wait(20)
+        raise Cancelled("the query was cancelled")
+        yield
+
+    monkeypatch.setattr(relmql.engine, "run", stuck)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        result = con.sql(SMALL)
+        t0 = time.perf_counter()
+        with pytest.raises(KeyboardInterrupt):
+            result.fetchall()
+        assert time.perf_counter() - t0 < 10
+    finally:
+        signal.signal(signal.SIGINT, before)
+    with pytest.raises(Cancelled, match="interrupted after 0 rows"):
+        result.fetchall()
+
+
 # -- pandas
 
 def test_df_with_pandas(con):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
@@ -15,6 +16,7 @@ from ..plan.options import shown
 from ..records import Listener
 from ..syntax import ast as A
 from ..syntax import parse
+from .interrupts import interruptible
 from .result import Result
 from .show import show
 
@@ -161,7 +163,8 @@ class Connection:
                             "EXPLAIN (relmql test runs files of expectations)", st.query.expect.span, text)
         p = plan(st.query, text, self.settings, params)
         notes: List[str] = []  # the compiler's warnings, on the result
-        lines = speaking(noting(notes)).run(self._explain, p).splitlines()
+        with interruptible(threading.Event()):  # Ctrl-C stops a long compile
+            lines = speaking(noting(notes)).run(self._explain, p).splitlines()
         result = Result(("plan",), lambda r: iter([(line,) for line in lines]), kind="text")
         result.notes = notes
         return result

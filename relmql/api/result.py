@@ -16,8 +16,9 @@ from ..output.bars import RowBar
 from ..output.format import format_value
 from ..plan import TestPlan, cell_weight
 from ..plan.options import shown
-from ..records import Cancelled, Stop, cancelling
+from ..records import Cancelled, Stop
 from ..stats import Chi2Result, chi2_independence
+from .interrupts import interruptible
 
 
 class Result:
@@ -126,7 +127,7 @@ class Result:
                 self._iter = self._make(self)
             RowBar.redraw()  # the row before is written: the bar back under it while this one is computed
             try:
-                with cancelling(self.cancelled):  # any compile the row runs stops at its next checkpoint
+                with interruptible(self.cancelled):  # any compile the row runs stops at its next checkpoint
                     row = next(self._iter)
             except StopIteration:
                 self._done = True

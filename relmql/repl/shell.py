@@ -7,14 +7,14 @@ No prompt_toolkit here: ``Shell`` reads nothing, it is handed text (by ``run_rep
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
 import threading
 import time
-from typing import IO, Callable, Iterator, List, Optional, Tuple
+from typing import IO, Iterator, List, Optional, Tuple
 
+from ..api.interrupts import interrupts
 from ..errors import Error
 from ..output import Presenter
 from ..records import cancelling
@@ -23,24 +23,6 @@ from .commands import run_command
 __all__ = ["Shell", "ScriptShell"]
 
 _MAX_READ_DEPTH = 16
-
-
-@contextlib.contextmanager
-def _interrupts(record: Callable[[int], None]):
-    """Ctrl-C (SIGINT) calls ``record`` instead of raising KeyboardInterrupt (unless ``record``
-    raises it), while in the block.
-    A raised KeyboardInterrupt can be lost: when the handler runs inside a finalizer or a
-    weakref callback of the main thread, Python prints it as ignored and goes on. Only the main
-    thread can set a handler; elsewhere Python's own stays."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGINT, lambda signum, frame: record(signum))
-    try:
-        yield
-    finally:
-        # None: a handler set outside Python, which cannot be put back; Python's own instead
-        signal.signal(signal.SIGINT, old if old is not None else signal.default_int_handler)
 
 
 WAITING = "the current model call or compile step to end"  # what a cancelled statement waits for
@@ -263,7 +245,7 @@ class Shell:
 
         worker = threading.Thread(target=target, name="relmql-statement", daemon=True)
         presses: List[int] = []
-        with _interrupts(presses.append):
+        with interrupts(presses.append):
             worker.start()
             seen = 0
             # Poll with sleep, not Thread.join: the handler runs only when this thread runs Python
