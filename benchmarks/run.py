@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from . import (chat_bench, compile_bench, execute_bench, executor_bench, gemma_bench, gpu_bench, latency_bench,
-               measure_bench, precision_bench, scale_bench, statement_bench)
+               measure_bench, shared_bench, precision_bench, scale_bench, statement_bench)
 from .setting import setting
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +40,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--seconds", type=float, default=30.0, help="time per URL memorization configuration")
     p.add_argument("--only", choices=("compile", "execute", "executor", "measure", "precision", "scale", "gemma", "gpu",
-                                      "statement", "chat", "latency"),
+                                      "statement", "chat", "latency", "shared"),
                    help="run one part (the others are left as they are)")
     p.add_argument("--execute-json", help="take the executor results from this file (written by "
                                           "python -m benchmarks.execute_bench --json) instead of measuring them")
@@ -69,6 +69,7 @@ def main():
     chatted = chat_bench.run() if args.only in (None, "chat") else None
     scaled = scale_bench.run() if args.only in (None, "scale") else None
     latency = latency_bench.run_all() if args.only in (None, "latency") else None
+    shared = shared_bench.run([2, 3]) if args.only in (None, "shared") else None
     if args.gemma_json:
         gemma = json.loads(Path(args.gemma_json).read_text())
     else:
@@ -88,6 +89,7 @@ def main():
     chat_part = chat_bench.tables(chatted) if chatted else _section(old, "<!-- chat -->")
     scale_part = scale_bench.tables(scaled) if scaled else _section(old, "<!-- scale -->")
     latency_part = latency_bench.tables(latency) if latency else _section(old, "<!-- latency -->")
+    shared_part = shared_bench.tables(shared) if shared else _section(old, "<!-- shared -->")
     gemma_part = gemma_bench.tables(gemma) if gemma else _section(old, "<!-- gemma -->")
     precision_part = precision_bench.tables(precise) if precise else _section(old, "<!-- precision -->")
     if args.gpu_json:
@@ -108,6 +110,7 @@ def main():
             chat_part = stamp + chat_part if chatted else chat_part
             scale_part = stamp + scale_part if scaled else scale_part
             latency_part = stamp + latency_part if latency else latency_part
+            shared_part = stamp + shared_part if shared else shared_part
             gemma_part = stamp + gemma_part if gemma else gemma_part
     text = (text.replace("{{date}}", header["date"])
                 .replace("{{machine}}", header["machine"])
@@ -121,6 +124,7 @@ def main():
                 .replace("{{chat_tables}}", _mark("<!-- chat -->", chat_part))
                 .replace("{{scale_tables}}", _mark("<!-- scale -->", scale_part))
                 .replace("{{latency_tables}}", _mark("<!-- latency -->", latency_part))
+                .replace("{{shared_tables}}", _mark("<!-- shared -->", shared_part))
                 .replace("{{gemma_tables}}", _mark("<!-- gemma -->", gemma_part))
                 .replace("{{precision_tables}}", _mark("<!-- precision -->", precision_part))
                 .replace("{{gpu_tables}}", _mark("<!-- gpu -->", gpu_part))
