@@ -82,8 +82,8 @@ def tables(rows: List[Dict]) -> str:
             "with OpenMP threads that spin while they wait, up to "
             f"{max(v for k, v in worst.items() if 'default' not in k):.2f} × n (the idle threads of one "
             "process take the cores the other needs).\n"
-            "- relmql sets `OMP_WAIT_POLICY=PASSIVE` when it is imported, before torch starts, unless it is set "
-            "already. Alone it costs: " + ", ".join(
+            "- The `relmql` command sets `OMP_WAIT_POLICY=PASSIVE` before torch starts, unless it is set "
+            "already (from Python, set it before importing torch). Alone it costs: " + ", ".join(
                 f"the {job} took {r['alone'] / s['alone']:.2f}× its time with spinning threads"
                 for job in dict.fromkeys(r["job"] for r in rows)
                 for r in rows if r["job"] == job and "default" in r["policy"]

@@ -5,13 +5,7 @@ expressions.
     relmql.sql("SELECT text, prob MATCHING 'The (cat|dog) sat' PREFIX 'The' LIMIT 2").show()
 """
 
-import os
-
-# before torch starts its OpenMP threads: waiting threads sleep rather than spin, so that queries
-# beside other work share the cores (docs/executor.md, "Threads"); a value already set is kept
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from .errors import CompileError, Error, ModelError, RegexError  # noqa: E402
+from .errors import CompileError, Error, ModelError, RegexError
 
 __version__ = "0.1.0"
 

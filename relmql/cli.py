@@ -87,7 +87,16 @@ def _format(args, out: IO[str]) -> str:
     return "table" if out.isatty() else "jsonl"
 
 
+def quiet_waits() -> None:
+    """Before torch starts its OpenMP threads, let waiting threads sleep rather than spin, so that
+    queries beside other work share the cores (docs/executor.md, "Beside other work"); a policy
+    already set is kept, and nothing changes once torch is loaded."""
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    quiet_waits()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["test"]:  # relmql test PATH...: verdicts and exit codes for CI
         from .runner import main as test_main

@@ -1,4 +1,4 @@
-"""relmql's OpenMP wait policy, set before torch starts."""
+"""The relmql command's OpenMP wait policy, set before torch starts."""
 
 from __future__ import annotations
 
@@ -11,7 +11,11 @@ def _policy(env_policy):
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if env_policy is not None:
         env["OMP_WAIT_POLICY"] = env_policy
-    code = "import os, relmql, torch; print(os.environ['OMP_WAIT_POLICY'])"
+    code = ("import os, contextlib, io, relmql.cli as c\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+            "    c.main(['--version'])\n"
+            "import torch\n"
+            "print(os.environ['OMP_WAIT_POLICY'])")
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           check=True).stdout.strip()
 
