@@ -137,7 +137,9 @@ def _shortest(s: _Subject) -> List[tuple]:
            "its first row)" if t.order_default else "")
     grow = f" (up to {t.max_batch_size} while rows are far apart)" if t.max_batch_size else ""
     bounds = [f"max_nodes {t.max_nodes:,}"] if t.max_nodes is not None else []
-    bounds += [f"{t.max_nodes_per_row:,} nodes without a row (max_nodes_per_row)"] if t.max_nodes_per_row else []
+    bounds += [f"{t.max_nodes_per_row:,} completion nodes without a row (max_nodes_per_row)"] \
+        if t.max_nodes_per_row else []
+    bounds += [f"{t.max_prefix_nodes:,} prefix nodes (max_prefix_nodes)"] if t.order == "total_prob" else []
     bounds += [f"its share of max_memory ({format_size(shares(t.max_memory).traversal)} of "
                f"{format_size(t.max_memory)})"]
     said = " (pipeline on)" if t.pipeline else " (pipeline off)" if t.pipeline is False else (

@@ -128,7 +128,8 @@ ORDERS = ("prob", "total_prob")
 SAMPLING_MODES = ("local", "exact")
 MAX_TOKENS = 64  # the longest completion, in tokens
 MAX_PREFIX_TOKENS = 1024  # prefixes such as a whole passage of text run to hundreds of tokens
-MAX_NODES_PER_ROW = 10_000  # about a minute of SmolLM2-135M on two CPU cores
+MAX_NODES_PER_ROW = 10_000  # completion nodes: about 40 s of SmolLM2-135M on two CPU cores
+MAX_PREFIX_NODES = 100_000  # the prompt's token sequences (tokenizations, edited variants): about 6 minutes
 SEARCH_BATCH_SIZE = 32  # search nodes expanded per model call
 SEARCH_MAX_BATCH_SIZE = 128  # ... growing to this many while rows are far apart (batch_size not given)
 SAMPLE_BATCH_SIZE = 64  # draws per model call
@@ -192,7 +193,7 @@ def checkpoint() -> None:
 @dataclass(frozen=True)
 class Stop:
     """Why a traversal ended before its language (or its LIMIT) was exhausted: ``bound`` is the
-    option that stopped it (max_nodes, max_nodes_per_row or max_memory), ``limit`` its value and
+    option that stopped it (max_nodes, max_nodes_per_row, max_prefix_nodes or max_memory), ``limit`` its value and
     ``rows`` how many rows had been released. The rows released are exact and in order."""
 
     bound: str
@@ -207,6 +208,8 @@ class Stop:
         what = {"max_nodes": f"after expanding {self.limit_text()} (max_nodes)",
                 "max_nodes_per_row": f"after expanding {self.limit_text()} without finding another row "
                                      f"(max_nodes_per_row)",
+                "max_prefix_nodes": f"after expanding {self.limit_text()} of the prefix, its tokenizations "
+                                    f"and edited variants (max_prefix_nodes)",
                 "max_memory": f"when its queue and stored children reached their share of "
                               f"{self.limit_text()} (max_memory)"}[self.bound]
         rows = f"{self.rows:,} row{'s' if self.rows != 1 else ''}"
@@ -278,9 +281,9 @@ class ShortestPath:
     quarter of the nodes expanded since the last row, up to this many and to scores within a
     quarter of the search's memory share (None: ``batch_size`` always; ``batches`` gives both
     for a batch size a query may or may not have set). ``max_prefix_nodes``: how many prefix
-    nodes "prob" order may expand before its first row (it needs every prefix's distribution to
-    be sure of the order). ``max_nodes_per_row``: stop
-    after expanding this many nodes without releasing a row. ``max_memory``: the query's memory
+    nodes a search may expand: "prob" order refuses a prefix with more at once (it needs every
+    prefix's distribution before its first row), "total_prob" stops there. ``max_nodes_per_row``:
+    stop after expanding this many completion nodes without releasing a row. ``max_memory``: the query's memory
     budget (``relmql.memory``); the search stops when its own structures outgrow their share. ``first_match``: the
     search does not go past a string of the language (without ``eos``): rows are then the
     shortest strings a generation can begin with, disjoint events whose probabilities add up.
@@ -292,7 +295,7 @@ class ShortestPath:
     max_tokens: int = MAX_TOKENS
     batch_size: int = SEARCH_BATCH_SIZE
     max_batch_size: Optional[int] = None
-    max_prefix_nodes: int = 100_000
+    max_prefix_nodes: int = MAX_PREFIX_NODES
     max_prefix_tokens: int = MAX_PREFIX_TOKENS
     max_nodes: Optional[int] = None
     max_nodes_per_row: Optional[int] = MAX_NODES_PER_ROW

@@ -364,12 +364,36 @@ def test_a_dataset_query_lists_the_stop_of_each_data_row(con, tmp_path):
     assert len(r.stops) == 2 and {s.bound for s in r.stops} == {"max_nodes_per_row"}
 
 
+def test_an_edited_prompt_s_nodes_count_against_max_prefix_nodes_not_max_nodes_per_row(con):
+    """By total_prob the edited variants of a prompt take thousands of prefix nodes before the first
+    row (more with every character of the prompt); they count against max_prefix_nodes, so that
+    max_nodes_per_row, which bounds the completion's nodes between rows, does not cut a long
+    prompt's search short. At max_prefix_nodes the search stops, its rows exact and in order."""
+    q = ("SELECT text, prob MATCHING 'Shut up, you stupid (bitch|idiot)' PREFIX 'Shut up, you stupid' "
+         "USING edits 1{} LIMIT 3")
+    full = fresh(con).sql(q.format("")).fetchall()
+    assert len(full) == 3 and all(t.endswith(" idiot") for t, _ in full)
+    tight = fresh(con).sql(q.format(", max_nodes_per_row 5"))  # each row is one completion token after its prefix
+    got = tight.fetchall()  # the same rows (probabilities within float32 rounding: other batches)
+    assert [t for t, _ in got] == [t for t, _ in full] and not tight.stops
+    assert [p for _, p in got] == pytest.approx([p for _, p in full], rel=1e-5)
+    cut = fresh(con).sql(q.format(", max_prefix_nodes 4000"))  # the first row needs between 3,500 and 4,000
+    assert [t for t, _ in cut.fetchall()] == [full[0][0]]
+    assert [(s.bound, s.limit, s.rows) for s in cut.stops] == [("max_prefix_nodes", 4000, 1)]
+    assert "raise max_prefix_nodes" in cut.stops[0].message()
+    none = fresh(con).sql(q.format(", max_prefix_nodes 3500"))
+    assert none.fetchall() == [] and [s.bound for s in none.stops] == ["max_prefix_nodes"]
+    plan = "\n".join(line for (line,) in fresh(con).sql("EXPLAIN " + q.format(", max_prefix_nodes 4000")))
+    assert "4,000 prefix nodes (max_prefix_nodes)" in plan
+
+
 def test_the_bounds_are_options_and_in_explain(con):
     s = fresh(con)
     s.sql("SET max_memory = '1.5GB'")
     assert s.settings["max_memory"] == 1_500_000_000
     plan = "\n".join(line for (line,) in s.sql("EXPLAIN " + URLS))
-    assert "10,000 nodes without a row (max_nodes_per_row)" in plan and "of 1.4 GiB" in plan
+    assert "10,000 completion nodes without a row (max_nodes_per_row)" in plan and "of 1.4 GiB" in plan
+    assert "max_prefix_nodes" not in plan  # by prob a prefix with more is refused before the search
     with pytest.raises(relmql.Error, match="max_memory is a size such as '2GB'"):
         s.sql("SET max_memory = 'lots'")
     with pytest.raises(relmql.Error, match="max_memory must be at least 64 MiB"):

@@ -64,7 +64,7 @@ def _kept(plan: QueryPlan, rows, regex, report: QueryReport, context: RowContext
           listener: Listener):
     """The rows that pass WHERE, up to LIMIT (``report.rows`` counts them), and, where the
     language is measured, the rows that only count."""
-    mass, kept_at = report.mass, 0
+    mass, kept_at = report.mass, (0, 0)
     for row in rows:
         if row.miss and mass is not None:  # a prefix path (exact) or a draw that found no string (estimate):
             if not mass.exact:  # it only counts, in probability()'s denominators
@@ -78,11 +78,11 @@ def _kept(plan: QueryPlan, rows, regex, report: QueryReport, context: RowContext
             if mass is not None and not mass.exact and not row.summed:  # a draw all the same
                 yield RowEnv(plan, dataclasses.replace(row, miss=True), None, regex, mass, context)
             # a search's max_nodes_per_row counts from the last row WHERE kept, not the last it found
-            stats.row_at, stats.rows = kept_at, report.rows
+            (stats.row_at, stats.prefix_at), stats.rows = kept_at, report.rows
             continue
         if mass is None:
             listener.progress(1)
-        kept_at = stats.row_at
+        kept_at = stats.row_at, stats.prefix_at
         report.rows += 1
         yield env
         if plan.limit is not None and report.rows >= plan.limit:

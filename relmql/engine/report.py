@@ -110,15 +110,18 @@ def reread_note(plan: QueryPlan, tokens: int, again: int) -> Optional[str]:
 
 
 def nodes_note(stats: SearchStats, opts: ShortestPath) -> str:
-    """How far a search has gone, for a progress bar: the nodes it has expanded, and those spent
-    on the row it looks for against ``max_nodes_per_row`` (the bound that ends a search that finds
-    none), with the option's name, so that the bound a long wait runs into can be seen and raised."""
+    """How far a search has gone, for a progress bar: the nodes it has expanded, those spent on the
+    row it looks for against ``max_nodes_per_row`` (the bound that ends a search that finds none)
+    and, by ``total_prob``, the prefix's against ``max_prefix_nodes``, each with the option's
+    name, so that the bound a long wait runs into can be seen and raised."""
     text = f"{stats.expanded:,} nodes"
     if opts.max_nodes is not None:
         text += f" of max_nodes {opts.max_nodes:,}"
     if opts.max_nodes_per_row is not None:
-        text += (f", {stats.expanded - stats.row_at:,} of max_nodes_per_row {opts.max_nodes_per_row:,} "
+        text += (f", {stats.since_row:,} of max_nodes_per_row {opts.max_nodes_per_row:,} "
                  f"for row {stats.rows + 1:,}")
+    if opts.order == "total_prob" and stats.prefix:
+        text += f", {stats.prefix:,} of max_prefix_nodes {opts.max_prefix_nodes:,} in the prefix"
     return text
 
 

@@ -28,6 +28,7 @@ class SearchStats:
     prefix: int = 0  # how many of them were prefix nodes
     rows: int = 0  # rows released
     row_at: int = 0  # nodes expanded at the last row released (0 before; a reader that drops the row sets it back)
+    prefix_at: int = 0  # prefix nodes expanded by then (likewise)
     held: int = 0  # the most bytes held in the queue and stored children (estimated before each model call)
     stop: Optional[Stop] = None  # the bound that ended the search with the language not exhausted
     no_row: Tuple[str, ...] = ()  # why a search with no row found none, or what had cut ways short by a stop (NO_ROW)
@@ -40,6 +41,12 @@ class SearchStats:
     @property
     def stopped(self) -> bool:
         return self.stop is not None
+
+    @property
+    def since_row(self) -> int:
+        """Completion nodes expanded since the last row, which ``max_nodes_per_row`` bounds (the
+        prefix's, its tokenizations and edited variants, count against ``max_prefix_nodes``)."""
+        return self.expanded - self.row_at - (self.prefix - self.prefix_at)
 
 
 class Ledger:
@@ -73,8 +80,10 @@ class Ledger:
         stats.held = max(stats.held, held)
         if opts.max_nodes is not None and stats.expanded >= opts.max_nodes:
             return Stop("max_nodes", opts.max_nodes, found)
-        if opts.max_nodes_per_row is not None and stats.expanded - stats.row_at >= opts.max_nodes_per_row:
+        if opts.max_nodes_per_row is not None and stats.since_row >= opts.max_nodes_per_row:
             return Stop("max_nodes_per_row", opts.max_nodes_per_row, found)
+        if opts.order == "total_prob" and stats.prefix >= opts.max_prefix_nodes:
+            return Stop("max_prefix_nodes", opts.max_prefix_nodes, found)
         if held > self.budget.traversal:
             return Stop("max_memory", opts.max_memory, found)
         return None

@@ -169,7 +169,7 @@ class ShortestPathSearch:
                                self.found + 1, context=self.model.context)
                 self.found += 1  # counted before the row goes out: its reader may take it back (stats.row_at)
                 self.stats.rows = self.found
-                self.stats.row_at = self.stats.expanded
+                self.stats.row_at, self.stats.prefix_at = self.stats.expanded, self.stats.prefix
                 yield row
                 if opts.limit is not None and self.found >= opts.limit:
                     return True
@@ -194,7 +194,7 @@ class ShortestPathSearch:
         if opts.max_nodes is not None:
             size = min(size, opts.max_nodes - self.stats.expanded)
         if opts.max_nodes_per_row is not None:
-            size = min(size, opts.max_nodes_per_row - since)
+            size = min(size, opts.max_nodes_per_row - self.stats.since_row)
         return max(opts.batch_size, size)
 
     def forced(self, node: Node):

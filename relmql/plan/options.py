@@ -15,8 +15,9 @@ from ..syntax.unparse import unparse
 from ..memory import DEFAULT_MAX_MEMORY, format_size, parse_size
 from ..models import DEFAULT_MODEL, check_model_name
 from ..records import (BOUND_NODES, DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_MAX_STATES, DTYPES, EDIT_SCOPES,
-                       ESTIMATE_SAMPLES, EXACT_LIMIT, MAX_EDITS, MAX_NODES_PER_ROW, MAX_PREFIX_TOKENS, MAX_TOKENS,
-                       SAMPLE_BATCH_SIZE, SAMPLING_MODES, SEARCH_BATCH_SIZE, SEARCH_MAX_BATCH_SIZE, TOKENIZATIONS,
+                       ESTIMATE_SAMPLES, EXACT_LIMIT, MAX_EDITS, MAX_NODES_PER_ROW, MAX_PREFIX_NODES,
+                       MAX_PREFIX_TOKENS, MAX_TOKENS, SAMPLE_BATCH_SIZE, SAMPLING_MODES, SEARCH_BATCH_SIZE,
+                       SEARCH_MAX_BATCH_SIZE, TOKENIZATIONS,
                        CompileOptions, Decoding, Sample)
 from ..stats import DEFAULT_CONFIDENCE, MAX_TEST_DRAWS
 
@@ -183,8 +184,12 @@ OPTIONS: Dict[str, OptionSpec] = {o.name: o for o in (
                "ranking queries: stop searching after this many search nodes (rows found are still exact, "
                "in order; later ones may be missing)", low=1),
     OptionSpec("max_nodes_per_row", "int", MAX_NODES_PER_ROW, "traversal",
-               "ranking queries: stop when this many search nodes have been expanded without finding the "
-               "next row (rows found are still exact, in order)", low=1),
+               "ranking queries: stop when this many search nodes of the completion have been expanded "
+               "without finding the next row (rows found are still exact, in order)", low=1),
+    OptionSpec("max_prefix_nodes", "int", MAX_PREFIX_NODES, "traversal",
+               "ranking queries: the most search nodes of the prefix (its tokenizations and edited variants) "
+               "to expand: ORDER BY prob refuses a prefix with more at once, total_prob stops there (rows "
+               "found are still exact, in order)", low=1),
     OptionSpec("max_memory", "size", DEFAULT_MAX_MEMORY, "traversal",
                "what a query may hold beyond the model's weights: cached keys and values, automaton "
                "transitions, the search's queue or the sampler's states (e.g. '2GB'); a search that needs "

@@ -141,7 +141,7 @@ def _shortest_path(query: A.Query, source: str, opts, prefix: Optional[str], pus
         order, why = ORDER_COLUMNS[key.column], None
     return ShortestPath(order=order, order_default=why, limit=push, max_tokens=opts["max_tokens"],
                         **ShortestPath.batches(opts["batch_size"]),
-                        max_prefix_tokens=opts["max_prefix_tokens"],
+                        max_prefix_tokens=opts["max_prefix_tokens"], max_prefix_nodes=opts["max_prefix_nodes"],
                         max_nodes=opts["max_nodes"], max_nodes_per_row=opts["max_nodes_per_row"],
                         max_memory=opts["max_memory"], pipeline=opts["pipeline"])
 
