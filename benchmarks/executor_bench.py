@@ -82,17 +82,23 @@ QUERIES = {
 }
 
 
+def _more() -> Dict:
+    """Queries that other benchmarks run through this one's workers (``versus(queries=...)``)."""
+    from benchmarks.prompt_bench import PROMPTS
+    return PROMPTS
+
+
 # ---------------------------------------------------------------- the worker (one query, one process)
 
 
 def worker(name: str) -> Dict:
     import relmql
     from relmql.records import Cancelled
-    sql, budget = QUERIES[name]
+    sql, budget = {**QUERIES, **_more()}[name]
     con = relmql.connect()
     model = con.model()
     con.sql("SELECT text MATCHING 'The (cat|dog)' LIMIT 1").fetchall()  # the first compile's tables
-    f0, t0 = model.stats.seconds, time.perf_counter()
+    f0, k0, t0 = model.stats.seconds, model.stats.tokens, time.perf_counter()
     first, rows, cut = None, [], False
     result = con.sql(sql)
     timer = threading.Timer(budget, result.cancel)  # a search with no row yet is stopped too
@@ -107,7 +113,8 @@ def worker(name: str) -> Dict:
     wall = time.perf_counter() - t0
     stop = None if cut else getattr(result, "stopped", None)  # a cancelled result raises again when read
     return {"first": first, "wall": wall, "rows": rows, "forward": model.stats.seconds - f0, "cut": cut,
-            "stop": str(stop) if stop else None, "attention": getattr(model, "attention", None)}
+            "stop": str(stop) if stop else None, "attention": getattr(model, "attention", None),
+            "tokens": model.stats.tokens - k0}
 
 
 def _run_worker(name: str, code: Path, budget: float) -> Dict:
@@ -131,14 +138,14 @@ def _extract(revision: str, into: Path) -> None:
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
 
 
-def versus(baseline: str = BASELINE, names: List[str] = None) -> Dict:
-    """Every query (or those ``names``) with this checkout's relmql and with the baseline's,
-    alternately."""
+def versus(baseline: str = BASELINE, names: List[str] = None, queries: Dict = None) -> Dict:
+    """Every query of ``queries`` (``QUERIES``; or those ``names``) with this checkout's relmql and
+    with the baseline's, alternately."""
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         _extract(baseline, base)
-        for name, (_, budget) in QUERIES.items():
+        for name, (_, budget) in (queries or QUERIES).items():
             if names and name not in names:
                 continue
             now = _run_worker(name, ROOT, budget)

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from . import (chat_bench, compile_bench, execute_bench, executor_bench, gemma_bench, gpu_bench, latency_bench,
-               measure_bench, shared_bench, precision_bench, scale_bench, statement_bench)
+               measure_bench, prompt_bench, shared_bench, precision_bench, scale_bench, statement_bench)
 from .setting import setting
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +40,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--seconds", type=float, default=30.0, help="time per URL memorization configuration")
     p.add_argument("--only", choices=("compile", "execute", "executor", "measure", "precision", "scale", "gemma", "gpu",
-                                      "statement", "chat", "latency", "shared"),
+                                      "statement", "chat", "latency", "shared", "prompts"),
                    help="run one part (the others are left as they are)")
     p.add_argument("--execute-json", help="take the executor results from this file (written by "
                                           "python -m benchmarks.execute_bench --json) instead of measuring them")
@@ -70,6 +70,7 @@ def main():
     scaled = scale_bench.run() if args.only in (None, "scale") else None
     latency = latency_bench.run_all() if args.only in (None, "latency") else None
     shared = shared_bench.run([2, 3]) if args.only in (None, "shared") else None
+    prompts = prompt_bench.run() if args.only in (None, "prompts") else None
     if args.gemma_json:
         gemma = json.loads(Path(args.gemma_json).read_text())
     else:
@@ -90,6 +91,7 @@ def main():
     scale_part = scale_bench.tables(scaled) if scaled else _section(old, "<!-- scale -->")
     latency_part = latency_bench.tables(latency) if latency else _section(old, "<!-- latency -->")
     shared_part = shared_bench.tables(shared) if shared else _section(old, "<!-- shared -->")
+    prompt_part = prompt_bench.tables(prompts) if prompts else _section(old, "<!-- prompts -->")
     gemma_part = gemma_bench.tables(gemma) if gemma else _section(old, "<!-- gemma -->")
     precision_part = precision_bench.tables(precise) if precise else _section(old, "<!-- precision -->")
     if args.gpu_json:
@@ -111,6 +113,7 @@ def main():
             scale_part = stamp + scale_part if scaled else scale_part
             latency_part = stamp + latency_part if latency else latency_part
             shared_part = stamp + shared_part if shared else shared_part
+            prompt_part = stamp + prompt_part if prompts else prompt_part
             gemma_part = stamp + gemma_part if gemma else gemma_part
     text = (text.replace("{{date}}", header["date"])
                 .replace("{{machine}}", header["machine"])
@@ -125,6 +128,7 @@ def main():
                 .replace("{{scale_tables}}", _mark("<!-- scale -->", scale_part))
                 .replace("{{latency_tables}}", _mark("<!-- latency -->", latency_part))
                 .replace("{{shared_tables}}", _mark("<!-- shared -->", shared_part))
+                .replace("{{prompt_tables}}", _mark("<!-- prompts -->", prompt_part))
                 .replace("{{gemma_tables}}", _mark("<!-- gemma -->", gemma_part))
                 .replace("{{precision_tables}}", _mark("<!-- precision -->", precision_part))
                 .replace("{{gpu_tables}}", _mark("<!-- gpu -->", gpu_part))
