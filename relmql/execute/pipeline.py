@@ -6,6 +6,8 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import List, Optional, Tuple
 
+import torch
+
 from ..models.base import LanguageModel, ModelState
 from ..records import Decoding
 from .decoding import RuleScores
@@ -22,6 +24,10 @@ class Flight:
         self.model, self.rules = model, rules
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="relmql-model")
         self.call: Optional[Tuple[Sent, Future]] = None  # the call in flight
+        # on CUDA the calls run on a stream of their own: the host's reads of the last call's
+        # scores, on the default stream, then do not queue behind the kernels of the call in flight
+        device = getattr(model, "device", None)
+        self.stream = torch.cuda.Stream(device) if getattr(device, "type", None) == "cuda" else None
 
     @property
     def busy(self) -> bool:
@@ -34,6 +40,14 @@ class Flight:
         self.call = (sent, self.pool.submit(self._call, sent))
 
     def _call(self, sent: Sent) -> Tuple[List[ModelState], RuleScores]:
+        if self.stream is None:
+            return self._scored(sent)
+        with torch.cuda.stream(self.stream):
+            got = self._scored(sent)
+        self.stream.synchronize()  # done before the host reads it on another stream
+        return got
+
+    def _scored(self, sent: Sent) -> Tuple[List[ModelState], RuleScores]:
         outs = self.model.extend(sent.parents, sent.tokens)
         return outs, RuleScores(stacked(outs), self.rules)
 
