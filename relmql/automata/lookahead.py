@@ -22,8 +22,7 @@ class LookAhead:
 
     def __init__(self, steps):
         self.steps = weakref.proxy(steps)  # the CanonicalSteps this looks ahead for (they own it)
-        automaton = steps.automaton
-        self.automaton = steps.automaton  # a proxy, as in the steps
+        self.automaton = automaton = steps.automaton  # a proxy, as in the steps
         self.bq = automaton.bq
         self.delta, self.dead, self.final = automaton.delta, automaton.dead, automaton.dfa.final
         self.tracker, self.pairs, self.tags = steps.tracker, steps.pairs, steps.tags

@@ -7,14 +7,14 @@ import heapq
 import sys
 import threading
 from dataclasses import replace
-from typing import Generator, Iterator, Optional
+from typing import Generator, Iterator, NamedTuple, Optional
 
 from ..automata.tokens import TokenAutomaton
 from ..memory import shares
 from ..models.base import LanguageModel
 from ..records import Cancelled, Decoding, ShortestPath, Stop
-from .decoding import batch_limit
-from .expansion import Expander
+from .decoding import RuleScores, batch_limit
+from .expansion import Expander, Read
 from .frontier import ARG, CHILD, KIND, NODE, RESULT, Frontier, Node
 from .ledger import Ledger, SearchStats
 from .pipeline import Flight, pipelined
@@ -29,6 +29,12 @@ def shortest_path(automaton: TokenAutomaton, model: LanguageModel, rules: Decodi
                   cancel: Optional[threading.Event] = None, stats: Optional[SearchStats] = None) -> Iterator[Row]:
     """Rows in non-increasing order of ``opts.order``, exactly, as soon as each is certain."""
     yield from ShortestPathSearch(automaton, model, rules, opts, stats).rows(cancel)
+
+
+class Landed(NamedTuple):
+    """A pipelined call taken in as far as the next call needs: its batch read, and its scores."""
+    read: Read
+    scores: RuleScores
 
 
 class ShortestPathSearch:
@@ -107,7 +113,7 @@ class ShortestPathSearch:
                 stop = self.bound()
                 if stop is not None:
                     if landed is not None:  # taken in, as the serial search takes in its last call
-                        self.expander.absorb(landed[0], self.found, landed[1])
+                        self.expander.absorb(landed.read, self.found, landed.scores)
                     self.stats.stop = stop  # a budget, not an order: rows released so far are exact
                     if not self.found:  # what had cut ways short may be why none was found (max_tokens 5
                         self.stats.no_row = self.ledger.went_on(())  # of a language of 200-letter strings)
@@ -118,7 +124,7 @@ class ShortestPathSearch:
                     batch, self.batch = self.batch, []
                     flight.start(self.expander.send(batch))
             if landed is not None:
-                self.expander.absorb(landed[0], self.found, landed[1])
+                self.expander.absorb(landed.read, self.found, landed.scores)
             if self.stats.watch is not None and (flight is None or landed is not None):
                 self.stats.watch(self.stats, self.opts)
         # the language is exhausted under the rules and bounds. With rows, the rules' cuts are
@@ -128,13 +134,13 @@ class ShortestPathSearch:
         else:
             self.stats.no_row = self.ledger.went_on(())
 
-    def land(self):
+    def land(self) -> Landed:
         """The call in flight, once made, taken in as far as the next call needs (its nodes' keys
         and values), with its scores: its children are stored while the next call is in flight."""
         sent, outs, scores = self.flight.land()
         read = self.expander.receive(sent, outs)
         self.count_prefixes()
-        return read, scores
+        return Landed(read, scores)
 
     def fill(self, cancel: Optional[threading.Event] = None) -> Generator[Row, None, bool]:
         """Take entries from the queue until the batch is full: release the results nothing in the
