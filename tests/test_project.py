@@ -35,6 +35,7 @@ def test_ci_runs_the_readme_commands():
 
 def test_the_grammar_ships_in_the_wheel(tmp_path):
     """grammar/relmql.lark is found from a checkout and from an installed wheel alike."""
+    import shutil
     import subprocess
     import sys
     import zipfile
@@ -42,18 +43,36 @@ def test_the_grammar_ships_in_the_wheel(tmp_path):
     root = Path(__file__).resolve().parent.parent
     # the build needs setuptools >= 68 (pyproject.toml); an older one here is replaced by an isolated build
     isolation = [] if int(setuptools.__version__.split(".")[0]) < 68 else ["--no-build-isolation"]
+    src = tmp_path / "src"  # a copy: a checkout's stale build/ would otherwise fill the wheel's gaps
+    for name in ("relmql", "grammar"):
+        shutil.copytree(root / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w",
-                    str(tmp_path), str(root)], check=True, capture_output=True)
+                    str(tmp_path), str(src)], check=True, capture_output=True)
     wheel = next(tmp_path.glob("relmql-*.whl"))
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as z:
         assert "relmql/grammar/relmql.lark" in z.namelist()
         z.extractall(site)
     code = ("import relmql.syntax as s; p = s.grammar_path(); print(p); "
-            "print(len(s.parse(\"SELECT text MATCHING 'a' LIMIT 1;\")))")
+            "print(len(s.parse(\"SELECT text MATCHING 'a' LIMIT 1;\"))); "
+            "import relmql, relmql.engine, relmql.automata.tokenizers, relmql.runner.pytest_plugin; "
+            "print(relmql.__file__, relmql.engine.__file__, relmql.automata.tokenizers.__file__)")
     out = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(site)!r}); {code}"],
                          cwd=tmp_path, check=True, capture_output=True, text=True).stdout.split()
     assert out[0].startswith(str(site)) and out[1] == "1"
+    assert all(f.startswith(str(site)) for f in out[2:5])  # the whole package from the wheel, not the checkout
+
+
+def test_pyproject_lists_every_package():
+    """pyproject.toml lists relmql's packages by hand (the grammar ships from grammar/): a package
+    left out of it is missing from the wheel, though a checkout and an editable install find it."""
+    root = Path(__file__).resolve().parent.parent
+    block = re.search(r"^packages = \[(.*?)\]", (root / "pyproject.toml").read_text(), re.S | re.M).group(1)
+    listed = set(re.findall(r'"([a-z_.]+)"', block))
+    tree = {".".join(p.parent.relative_to(root).parts) for p in (root / "relmql").rglob("__init__.py")}
+    assert listed == tree | {"relmql.grammar"}
 
 
 README_OUTPUT = re.compile(r"(The main job prints[^\n]*:\n\n```\n)(.*?)(\n```)", re.S)
@@ -99,3 +118,13 @@ def _same_table(a: str, b: str) -> bool:
                                and math.isclose(number(p), number(q), rel_tol=1e-4)):
                 return False
     return True
+
+
+def test_the_changelog_names_this_version_first():
+    """CHANGELOG.md's newest entry is the version relmql says it is (``relmql --version``, the
+    wheel's metadata): a bump comes with what changed."""
+    import relmql
+    root = Path(__file__).resolve().parent.parent
+    versions = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}$", (root / "CHANGELOG.md").read_text(), re.M)
+    assert versions and versions[0] == relmql.__version__
+    assert versions == sorted(versions, key=lambda v: tuple(map(int, v.split("."))), reverse=True)
