@@ -42,6 +42,8 @@ def main():
     p.add_argument("--only", choices=("compile", "execute", "executor", "measure", "precision", "scale", "gemma", "gpu",
                                       "statement", "chat", "latency", "shared", "prompts"),
                    help="run one part (the others are left as they are)")
+    p.add_argument("--render", action="store_true",
+                   help="measure nothing: write the page again from the template, every part as it was measured")
     p.add_argument("--execute-json", help="take the executor results from this file (written by "
                                           "python -m benchmarks.execute_bench --json) instead of measuring them")
     p.add_argument("--executor-json", help="take the executor-against-baseline results from this file (written by "
@@ -54,6 +56,8 @@ def main():
     p.add_argument("--gemma-json", help="take the Gemma 3 results from this file (written by "
                                         "python -m benchmarks.gemma_bench --json) instead of measuring them")
     args = p.parse_args()
+    if args.render:
+        args.only = "render"  # no part has this name: each is kept as it was
     out = ROOT / "docs" / "benchmarks.md"
     rows = compile_bench.run() if args.only in (None, "compile") else None
     if args.execute_json:
