@@ -128,3 +128,18 @@ def test_the_changelog_names_this_version_first():
     versions = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}$", (root / "CHANGELOG.md").read_text(), re.M)
     assert versions and versions[0] == relmql.__version__
     assert versions == sorted(versions, key=lambda v: tuple(map(int, v.split("."))), reverse=True)
+
+
+def test_every_example_states_its_run_time():
+    """A user sees how long an example takes before running it: each ``examples/**/*.rql``
+    says so in its opening comments (the measured time on two CPU cores)."""
+    root = Path(__file__).resolve().parent.parent
+    scripts = sorted((root / "examples").rglob("*.rql"))
+    assert len(scripts) >= 12
+    for path in scripts:
+        head = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.startswith("--"):
+                break
+            head.append(line)
+        assert any(line.startswith("-- Run time on 2 CPU cores: ") for line in head), path.name
