@@ -365,6 +365,15 @@ def _secs(x) -> str:
     return "—" if x is None else f"{x:.1f} s"
 
 
+def first_row(r: Dict) -> str:
+    """A worker's time to its first row, or why it had none: the bound that stopped it, or the
+    budget that cancelled it."""
+    if r["first"] is not None:
+        return _secs(r["first"])
+    bound = (r.get("stop") or "").partition("bound='")[2].partition("'")[0]
+    return f"none ({bound} after {r['wall']:.0f} s)" if bound else f"none in {r['wall']:.0f} s"
+
+
 def tables(res: Dict) -> str:
     v = res["versus"]
     lines = [f"SmolLM2-135M on cpu (float32), each query as written (no batch_size: `{v['baseline']}` expands 32 "
@@ -376,10 +385,7 @@ def tables(res: Dict) -> str:
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     for name, r in v["queries"].items():
         now, before = r["now"], r["before"]
-        first_b = _secs(before["first"])
-        if before["first"] is None:  # cancelled at its budget, or a bound stopped it
-            bound = (before.get("stop") or "").partition("bound='")[2].partition("'")[0]
-            first_b = f"none ({bound} after {before['wall']:.0f} s)" if bound else f"none in {before['wall']:.0f} s"
+        first_b = first_row(before)
         same = ("—" if not before["rows"] or before["cut"] else
                 "yes" if [x[:-1] for x in now["rows"]] == [x[:-1] for x in before["rows"]] else "no")
         over = f"{1 - now['forward'] / now['wall']:.0%}" if now.get("forward") else "—"

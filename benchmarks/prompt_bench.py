@@ -21,7 +21,7 @@ BASELINE = "7c396c1"  # before the prompt's nodes counted against max_prefix_nod
 def prompt(chars: int) -> tuple:
     """The licence's longest beginning of whole words within ``chars`` characters, and its next word."""
     words, out = LICENCE.split(" "), ""
-    for i, w in enumerate(words):
+    for w in words:
         if len(out + " " + w) > chars:
             return out, w
         out = (out + " " + w).strip()
@@ -43,15 +43,9 @@ def run(baseline: str = BASELINE) -> Dict:
     return {"machine": setting().machine, "versus": versus(baseline, queries=PROMPTS)}
 
 
-def _first(r: Dict) -> str:
-    if r["first"] is not None:
-        return f"{r['first']:.1f} s"
-    bound = (r.get("stop") or "").partition("bound='")[2].partition("'")[0]
-    return f"none ({bound} after {r['wall']:.0f} s)" if bound else f"none in {r['wall']:.0f} s"
-
-
 def tables(res: Dict) -> str:
     """docs/benchmarks.md's part: the table and its reading."""
+    from .executor_bench import first_row
     v = res["versus"]
     lines = [f"SmolLM2-135M on cpu (float32), `USING topk 40, edits 1 LIMIT 1`; this checkout and `{v['baseline']}` "
              "alternately, each query in its own process.", "",
@@ -61,7 +55,7 @@ def tables(res: Dict) -> str:
         now, before = r["now"], r["before"]
         same = "—" if not before["rows"] else "yes" if [x[0] for x in now["rows"]] == [x[0] for x in before["rows"]] \
             else "no"
-        lines.append(f"| {name.split(',')[0]} | {_first(before)} | {_first(now)} | {now['tokens']:,} | "
+        lines.append(f"| {name.split(',')[0]} | {first_row(before)} | {first_row(now)} | {now['tokens']:,} | "
                      f"{same} |")
     return "\n".join(lines)
 
