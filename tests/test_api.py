@@ -368,6 +368,30 @@ def test_set_takes_a_bare_word_as_from_takes_a_model_name(con):
     assert session.settings["topk"] is None and session.settings["model"] == OPTIONS["model"].default
 
 
+def test_set_param_is_a_default_the_caller_s_value_overrides(con, tmp_path):
+    session = fresh(con)
+    assert session.sql("SET :n = 1 + 2").message == "SET :n = 3"
+    q = "SELECT :n AS n, :w AS w, count(*) AS c MATCHING 'The (cat|dog)' SAMPLE :n"
+    session.sql("SET :w TO :n * 2")  # a value may use the parameters set before it
+    assert session.sql(q).fetchall() == [(3, 6, 3)]
+    said = session.sql("SET :n = 4", params={"n": 2}).message
+    assert said == "SET :n = 4 (the caller's :n = 2 wins)"
+    assert session.sql(q, params={"n": 2}).fetchall() == [(2, 6, 2)]  # the caller's value wins
+    assert session.sql(q).fetchall() == [(4, 6, 4)]  # and the default holds where it binds none
+    # a data row's fields win too: each row's :n is its own
+    (tmp_path / "rows.jsonl").write_text('{"n": 7}\n{"n": 8}\n')
+    rows = session.sql("SELECT :n AS n MATCHING 'a' FOR EACH ROW IN :data",
+                       params={"data": str(tmp_path / "rows.jsonl")}).fetchall()
+    assert rows == [(7,), (8,)]
+    assert session.sql("SET :n = DEFAULT").message == "SET :n = DEFAULT (no value unless the caller binds one)"
+    with pytest.raises(PlanError, match="parameter :n has no value") as info:
+        session.sql(q)
+    assert info.value.hint.endswith("or SET :n = value (a script's default)")
+    with pytest.raises(PlanError, match="parameter :x has no value"):
+        session.sql("SET :m = :x")
+    assert fresh(con).param_defaults == {}  # a session's own
+
+
 def test_approximate_numbers_are_said_with_the_first_rows(con):
     """A reduced dtype's numbers are approximate: the first query of a session that reads them
     says so on standard error (and in its notes), once; float32's exact numbers say nothing."""

@@ -302,6 +302,18 @@ def test_param_names_in_any_script(capsys):
     assert jsonl(out) == [{"n": 4, "f": "x"}]
 
 
+def test_a_script_gives_its_parameters_defaults_that_param_overrides(capsys, tmp_path):
+    """SET :draws = 5 in a script: its short run by default, the full one a --param away."""
+    script = tmp_path / "draws.rql"
+    script.write_text("SET :draws = 5;\nSELECT count(*) AS n, :draws AS draws MATCHING 'The (cat|dog)' SAMPLE :draws;\n")
+    code, out, err = run(capsys, str(script))
+    assert code == 0, err
+    assert jsonl(out) == [{"n": 5, "draws": 5}]
+    code, out, err = run(capsys, "-p", "draws=12", str(script))
+    assert code == 0, err
+    assert jsonl(out) == [{"n": 12, "draws": "12"}]  # --param values are text, as always
+
+
 def test_missing_param_is_an_error(capsys):
     code, out, err = run(capsys, "-c", "SELECT text MATCHING escape(:who);")
     assert code == 1 and out == ""

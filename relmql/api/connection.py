@@ -40,6 +40,7 @@ class Connection:
                  seed: Optional[int] = None, progress: bool = False, engine: Optional[str] = None,
                  address: Optional[str] = None, **options):
         self.settings: Dict[str, Any] = defaults()
+        self.param_defaults: Dict[str, Any] = {}  # SET :name = value, where the caller binds no value
         self.models = ModelCache()  # the models loaded so far
         self._cluster = None
         self._cluster_key: Optional[tuple] = None  # the settings it was started with
@@ -154,6 +155,8 @@ class Connection:
         run = _RUNS.get(type(st))
         if run is None:
             raise Error(f"cannot run {type(st).__name__}")
+        if self.param_defaults and not isinstance(st, A.SetParam):  # the caller's values win
+            params = dict(self.param_defaults, **(params or {}))
         return run(self, st, text, params)
 
     def _explain_statement(self, st: A.Explain, text: str, params) -> Result:
@@ -182,6 +185,19 @@ class Connection:
         now = now if isinstance(now, str) else shown(now)  # NULL, TRUE; text unquoted: SET tokenization = all
         default = " (the default)" if self.settings[spec.name] == spec.default else ""
         return Result((), lambda r: iter(()), kind="status", message=f"SET {spec.name} = {now}{default}")
+
+    def _set_param(self, st: A.SetParam, text: str, params) -> Result:
+        name, bare = st.name, _bare_word(st.value)
+        if bare is not None and bare.lower() == "default":
+            self.param_defaults.pop(name, None)
+            message = f"SET :{name} = DEFAULT (no value unless the caller binds one)"
+        else:
+            value = constant(st.value, dict(self.param_defaults, **(params or {})), text, "SET")
+            self.param_defaults[name] = value
+            message = f"SET :{name} = {shown(value)}"
+        if params and name in params:
+            message += f" (the caller's :{name} = {shown(params[name])} wins)"
+        return Result((), lambda r: iter(()), kind="status", message=message)
 
     def _show(self, st: A.Show, text: str, params) -> Result:
         return show(st, text, self.settings, self.models.names())
@@ -253,7 +269,8 @@ class Connection:
 
 # how each kind of statement runs
 _RUNS: Dict[type, Callable[..., Result]] = {A.Query: Connection._query, A.Explain: Connection._explain_statement,
-                                           A.Set: Connection._set, A.Show: Connection._show}
+                                           A.Set: Connection._set, A.SetParam: Connection._set_param,
+                                           A.Show: Connection._show}
 
 
 class _Watch(Listener):

@@ -25,7 +25,8 @@ def plan_models(node: Optional[A.Node], opts: Mapping[str, Any], params: Mapping
         value = params.get(ref.name) if isinstance(ref, A.Param) else ref.value
         if isinstance(ref, A.Param) and ref.name not in params:
             raise PlanError(f"parameter :{ref.name} has no value", ref.span, source,
-                            hint="bind it with params={...} in Python or --param name=value")
+                            hint=f"bind it with params={{...}} in Python, --param name=value, or "
+                                 f"SET :{ref.name} = value (a script's default)")
         values = value if isinstance(value, (list, tuple)) else [value]
         if not values:
             raise PlanError(f"FROM :{ref.name} holds no model names", ref.span, source)

@@ -28,8 +28,8 @@ class ConstEnv(Env):
             near = closest(node.name, self.params)
             raise PlanError(f"parameter :{node.name} has no value" + (f"; did you mean :{near}?" if near else ""),
                             node.span, self.source,
-                            hint="bind it with params={...} in Python, --param name=value on the command line, "
-                                 "or a dataset field")
+                            hint=f"bind it with params={{...}} in Python, --param name=value on the command line, "
+                                 f"a dataset field, or SET :{node.name} = value (a script's default)")
         return self.params[node.name]
 
     def group(self, key, node):

@@ -224,12 +224,21 @@ class Set(Node):
 
 
 @dataclass(frozen=True)
+class SetParam(Node):
+    """``SET :name = value``: the parameter's value where the caller binds none (a script's default)."""
+    name: str  # without the colon
+    value: Node
+    span: Span = field(default=(0, 0), compare=False)
+    name_span: Span = field(default=(0, 0), compare=False)
+
+
+@dataclass(frozen=True)
 class Show(Node):
     what: str
     span: Span = field(default=(0, 0), compare=False)
 
 
-Statement = Union[Query, Explain, Set, Show]
+Statement = Union[Query, Explain, Set, SetParam, Show]
 
 
 def dump(node, indent: int = 0) -> str:

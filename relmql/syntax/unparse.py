@@ -158,6 +158,7 @@ _UNPARSE = {
     A.Query: _query,
     A.Explain: lambda node: "EXPLAIN " + unparse(node.query),
     A.Set: lambda node: f"SET {node.name} = {unparse(node.value)}",
+    A.SetParam: lambda node: f"SET :{node.name} = {unparse(node.value)}",
     A.Show: lambda node: f"SHOW {node.what.upper()}",
 }
 
