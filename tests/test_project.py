@@ -46,7 +46,7 @@ def test_the_grammar_ships_in_the_wheel(tmp_path):
     src = tmp_path / "src"  # a copy: a checkout's stale build/ would otherwise fill the wheel's gaps
     for name in ("relmql", "grammar"):
         shutil.copytree(root / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(root / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w",
                     str(tmp_path), str(src)], check=True, capture_output=True)
@@ -54,6 +54,8 @@ def test_the_grammar_ships_in_the_wheel(tmp_path):
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as z:
         assert "relmql/grammar/relmql.lark" in z.namelist()
+        licence = [n for n in z.namelist() if n.endswith("LICENSE") and ".dist-info/" in n]
+        assert licence and b"Apache License" in z.read(licence[0])  # the licence pyproject.toml names
         z.extractall(site)
     code = ("import relmql.syntax as s; p = s.grammar_path(); print(p); "
             "print(len(s.parse(\"SELECT text MATCHING 'a' LIMIT 1;\"))); "
