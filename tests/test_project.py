@@ -145,3 +145,17 @@ def test_every_example_states_its_run_time():
                 break
             head.append(line)
         assert any(line.startswith("-- Run time on 2 CPU cores: ") for line in head), path.name
+
+
+def test_module_docstrings_say_what_a_module_is_for():
+    """Design notes live on the docs pages a user finds (docs/compiler.md, docs/executor.md, ...),
+    not in module docstrings: each says in a few lines what its module is for."""
+    import ast
+    root = Path(__file__).resolve().parent.parent
+    long = {}
+    for path in sorted((root / "relmql").rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+        assert doc, f"{path.relative_to(root)} has no docstring"
+        if len(doc.splitlines()) > 12:
+            long[str(path.relative_to(root))] = len(doc.splitlines())
+    assert not long, long
