@@ -7,7 +7,7 @@ expressions.
 
 from .errors import CompileError, Error, ModelError, RegexError
 
-__version__ = "0.2.0"  # CHANGELOG.md says what changed
+__version__ = "0.3.0"  # CHANGELOG.md says what changed
 
 
 def __getattr__(name):

@@ -144,7 +144,8 @@ def test_every_example_states_its_run_time():
             if not line.startswith("--"):
                 break
             head.append(line)
-        assert any(line.startswith("-- Run time on 2 CPU cores: ") for line in head), path.name
+        stated = [line for line in head if line.startswith("-- Run time on 2 CPU cores: ")]
+        assert stated and "more than" not in stated[0], path.name  # measured, not a lower bound
 
 
 def test_module_docstrings_say_what_a_module_is_for():
