@@ -55,6 +55,10 @@ def _machine() -> str:
 def _versions() -> str:
     out = []
     for n in PACKAGES:
+        if n == "relmql":  # this checkout's, not the metadata of its (editable) install
+            from relmql.version import __version__
+            out.append(f"relmql {__version__}")
+            continue
         try:
             out.append(f"{n} {md.version(n)}")
         except md.PackageNotFoundError:

@@ -6,8 +6,7 @@ expressions.
 """
 
 from .errors import CompileError, Error, ModelError, RegexError
-
-__version__ = "0.3.0"  # CHANGELOG.md says what changed
+from .version import __version__
 
 
 def __getattr__(name):

@@ -15,7 +15,7 @@ PACKAGE = ROOT / "relmql"
 
 # lowest first; a unit is a top-level module or subpackage of relmql
 LAYERS = [
-    ["errors"],
+    ["errors", "version"],
     ["cache", "memory", "stats"],
     ["records", "syntax", "output"],
     ["models"],

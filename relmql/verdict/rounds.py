@@ -85,12 +85,10 @@ def judged_on(plan) -> Dict[str, Any]:
 
 
 def _version() -> str:
-    """relmql's version as installed (the package's own ``__version__`` is above this module)."""
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version("relmql")
-    except PackageNotFoundError:
-        return "unknown"
+    """relmql's version: this code's, not an installation's metadata (an editable install keeps
+    the version it was installed at)."""
+    from ..version import __version__
+    return __version__
 
 
 def weights_hash(name: str) -> str:
