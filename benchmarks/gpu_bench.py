@@ -264,8 +264,8 @@ def latest(runs: List[Dict]) -> str:
         older = [r for r in runs if r["results"].get("forward")]
         if older:
             r = older[-1]
-            out += "\n\n" + tables([{"label": r["label"], "results": {k: r["results"][k] for k in
-                                                                       ("gpu", "torch", "load", "forward")}}])
+            kept = {k: r["results"][k] for k in ("gpu", "torch", "load", "forward") if k in r["results"]}
+            out += "\n\n" + tables([{"label": r["label"], "results": kept}])
     return out
 
 

@@ -186,8 +186,7 @@ def run() -> dict:
 
 
 def tables(r: dict) -> str:
-    out = [f"Measured on {r['date']}. Machine: {r['machine']}; {r['versions']}.", "",
-           "| dtype | tokens | median error | 99th percentile | largest | largest after the first token | "
+    out = ["| dtype | tokens | median error | 99th percentile | largest | largest after the first token | "
            "largest, read one token at a time |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, e in r["tokens"].items():
         out.append(f"| {name} | {e['tokens']:,} | {e['direct_median']:.1e} | {e['direct_p99']:.1e} | "

@@ -107,8 +107,10 @@ def main():
             continue
         results = part.measure(args)
         now = setting()
-        store[part.name] = {"date": now.date, "machine": now.machine, "versions": now.versions,
-                            "markdown": part.render(results), "results": _kept(results)}
+        # results read from a --*-json file may say where they were measured (precision's always do)
+        where = {k: results.get(k, getattr(now, k)) if isinstance(results, dict) else getattr(now, k)
+                 for k in ("date", "machine", "versions")}
+        store[part.name] = dict(where, markdown=part.render(results), results=_kept(results))
         STORE.write_text(json.dumps(store, indent=1, ensure_ascii=False) + "\n")  # each part kept as it ends
     PAGE.write_text(render(store, TEMPLATE.read_text()))
     print(f"wrote {PAGE}")

@@ -389,7 +389,12 @@ def test_set_param_is_a_default_the_caller_s_value_overrides(con, tmp_path):
     assert info.value.hint.endswith("or SET :n = value (a script's default)")
     with pytest.raises(PlanError, match="parameter :x has no value"):
         session.sql("SET :m = :x")
-    assert fresh(con).param_defaults == {}  # a session's own
+    assert con.param_defaults == {}  # a session's own: the shared connection has none of them
+    # a bare word is text, as in SET option = word: a model for FROM :model
+    assert session.sql("SET :model = tiny-gpt2").message == "SET :model = 'tiny-gpt2'"
+    assert session.sql("SELECT text FROM :model MATCHING 'The (cat|dog)' LIMIT 1").fetchall() == \
+        con.sql("SELECT text FROM 'tiny-gpt2' MATCHING 'The (cat|dog)' LIMIT 1").fetchall()
+    assert session.sql("SET :n = 2", params={1: "x"}).message == "SET :n = 2"  # keys that are not names
 
 
 def test_approximate_numbers_are_said_with_the_first_rows(con):

@@ -317,7 +317,8 @@ def _query_ok(q: A.Query) -> bool:
 QUERY = st.builds(A.Query, select=TUPLE(SELECT_ITEM), model=OPT(MODEL), matching=OPT(EXPR), prefix=OPT(EXPR),
                   where=OPT(EXPR), using=TUPLE(OPTION), order=TUPLE(st.builds(A.OrderKey, IDENT, st.booleans())),
                   sample=OPT(EXPR), group_by=TUPLE(EXPR), limit=OPT(EXPR), dataset=OPT(DATASET)).filter(_query_ok)
-STATEMENT = st.one_of(QUERY, st.builds(A.Explain, QUERY), st.builds(A.Set, IDENT, EXPR), st.builds(A.Show, IDENT))
+STATEMENT = st.one_of(QUERY, st.builds(A.Explain, QUERY), st.builds(A.Set, IDENT, EXPR),
+                      st.builds(A.SetParam, IDENT, EXPR), st.builds(A.Show, IDENT))
 
 
 @FUZZ

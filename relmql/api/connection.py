@@ -156,7 +156,7 @@ class Connection:
         if run is None:
             raise Error(f"cannot run {type(st).__name__}")
         if self.param_defaults and not isinstance(st, A.SetParam):  # the caller's values win
-            params = dict(self.param_defaults, **(params or {}))
+            params = {**self.param_defaults, **(params or {})}
         return run(self, st, text, params)
 
     def _explain_statement(self, st: A.Explain, text: str, params) -> Result:
@@ -192,7 +192,8 @@ class Connection:
             self.param_defaults.pop(name, None)
             message = f"SET :{name} = DEFAULT (no value unless the caller binds one)"
         else:
-            value = constant(st.value, dict(self.param_defaults, **(params or {})), text, "SET")
+            value = bare if bare is not None else constant(st.value, {**self.param_defaults, **(params or {})},
+                                                           text, "SET")
             self.param_defaults[name] = value
             message = f"SET :{name} = {shown(value)}"
         if params and name in params:

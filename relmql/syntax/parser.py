@@ -229,7 +229,10 @@ class _ToAst(Transformer_NonRecursive):
         return A.Set(_name(name).lower(), value, _span(meta), _tspan(name))
 
     def set_param(self, meta, c):
-        return A.SetParam(str(c[1])[1:], c[-1], _span(meta), _tspan(c[1]))
+        value = c[-1]
+        if isinstance(value, Token) and value.type == "SET_WORD":  # a bare word, as in SET option = word
+            value = A.Column(str(value), _tspan(value))
+        return A.SetParam(str(c[1])[1:], value, _span(meta), _tspan(c[1]))
 
     def show(self, meta, c):
         return A.Show(_name(c[1]).lower(), _span(meta))
