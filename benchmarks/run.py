@@ -92,8 +92,8 @@ def main():
                                            "python -m benchmarks.executor_bench --json) instead of measuring them")
     p.add_argument("--precision-json", help="take the precision results from this file (written by "
                                             "python -m benchmarks.precision_bench --json) instead of measuring them")
-    p.add_argument("--gpu-json", help="add the GPU runs in this file to docs/gpu-runs.json (the page shows the newest): "
-                                      "a list of {label, results}, each results written by python -m "
+    p.add_argument("--gpu-json", help="add the GPU runs in this file to docs/gpu-runs.json (the page shows the "
+                                      "newest): a list of {label, results}, each results written by python -m "
                                       "benchmarks.gpu_bench --json on a GPU machine (never measured here: CI and "
                                       "this machine have no GPU)")
     p.add_argument("--gemma-json", help="take the Gemma 3 results from this file (written by "

@@ -305,7 +305,8 @@ def test_param_names_in_any_script(capsys):
 def test_a_script_gives_its_parameters_defaults_that_param_overrides(capsys, tmp_path):
     """SET :draws = 5 in a script: its short run by default, the full one a --param away."""
     script = tmp_path / "draws.rql"
-    script.write_text("SET :draws = 5;\nSELECT count(*) AS n, :draws AS draws MATCHING 'The (cat|dog)' SAMPLE :draws;\n")
+    script.write_text("SET :draws = 5;\n"
+                      "SELECT count(*) AS n, :draws AS draws MATCHING 'The (cat|dog)' SAMPLE :draws;\n")
     code, out, err = run(capsys, str(script))
     assert code == 0, err
     assert jsonl(out) == [{"n": 5, "draws": 5}]
