@@ -383,6 +383,10 @@ def test_set_param_is_a_default_the_caller_s_value_overrides(con, tmp_path):
     rows = session.sql("SELECT :n AS n MATCHING 'a' FOR EACH ROW IN :data",
                        params={"data": str(tmp_path / "rows.jsonl")}).fetchall()
     assert rows == [(7,), (8,)]
+    # SHOW PARAMETERS: each value and where it comes from, the caller's winning as in a query
+    assert session.sql("SHOW PARAMETERS").fetchall() == [("n", "4", "SET"), ("w", "6", "SET")]
+    assert session.sql("SHOW parameters", params={"n": "x", "k": 1}).fetchall() == \
+        [("k", "1", "caller"), ("n", "'x'", "caller"), ("w", "6", "SET")]
     assert session.sql("SET :n = DEFAULT").message == "SET :n = DEFAULT (no value unless the caller binds one)"
     with pytest.raises(PlanError, match="parameter :n has no value") as info:
         session.sql(q)

@@ -573,7 +573,7 @@ def complete(completer, text):
     ("SET ", ["topk", "model"]),
     ("SET tokenization = ", ["'canonical'", "'all'"]),
     ("SET model TO ", ["'tiny-gpt2'"]),
-    ("SHOW ", ["MODELS", "OPTIONS", "FUNCTIONS", "topk", "model"]),
+    ("SHOW ", ["MODELS", "OPTIONS", "FUNCTIONS", "PARAMETERS", "topk", "model"]),
     (".", [".help", ".model", ".mode", ".timer", ".read", ".output", ".quit", ".explain"]),
     (".mo", [".model", ".mode"]),
     (".model ", ["tiny-gpt2"]),

@@ -155,7 +155,7 @@ class Connection:
         run = _RUNS.get(type(st))
         if run is None:
             raise Error(f"cannot run {type(st).__name__}")
-        if self.param_defaults and not isinstance(st, A.SetParam):  # the caller's values win
+        if self.param_defaults and not isinstance(st, (A.SetParam, A.Show)):  # the caller's values win
             params = {**self.param_defaults, **(params or {})}
         return run(self, st, text, params)
 
@@ -201,7 +201,7 @@ class Connection:
         return Result((), lambda r: iter(()), kind="status", message=message)
 
     def _show(self, st: A.Show, text: str, params) -> Result:
-        return show(st, text, self.settings, self.models.names())
+        return show(st, text, self.settings, self.models.names(), self.param_defaults, params)
 
     def _query(self, st: A.Query, text: str, params) -> Result:
         p = plan(st, text, self.settings, params)

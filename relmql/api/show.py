@@ -1,22 +1,28 @@
-"""SHOW: the models, the options (or one), the functions, each a table of rows."""
+"""SHOW: the models, the options (or one), the functions, the parameters, each a table of rows."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Mapping
 
 from ..errors import closest
 from ..models import BUILTIN_MODELS
 from ..plan import OPTIONS, PlanError
+from ..plan.options import shown
 from ..syntax import ast as A
 from .result import Result
 
-SHOW_WHAT = ("models", "options", "functions")
+SHOW_WHAT = ("models", "options", "functions", "parameters")
 
 
-def show(st: A.Show, text: str, settings: Dict[str, Any], loaded) -> Result:
+def show(st: A.Show, text: str, settings: Dict[str, Any], loaded, defaults: Mapping[str, Any] = None,
+         params: Mapping[str, Any] = None) -> Result:
     """The result of ``SHOW what`` under the connection's ``settings`` (``loaded``: the names of
-    the models it has loaded)."""
+    the models it has loaded; ``defaults``: its ``SET :name`` values; ``params``: the caller's)."""
     what = st.what
+    if what == "parameters":  # the caller's values win over the defaults, as in a query
+        rows = [(name, shown(value), "caller") for name, value in (params or {}).items()]
+        rows += [(name, shown(value), "SET") for name, value in (defaults or {}).items() if name not in (params or {})]
+        return Result(("parameter", "value", "from"), lambda r: iter(sorted(rows, key=lambda row: str(row[0]))))
     if what in _SHOWN:
         return _SHOWN[what](settings, loaded)
     if what in OPTIONS:  # SHOW topk: one option's value, as psql's SHOW name

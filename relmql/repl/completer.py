@@ -15,6 +15,7 @@ from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequenc
 from prompt_toolkit.completion import Completer, Completion, PathCompleter
 from prompt_toolkit.document import Document
 
+from ..api.show import SHOW_WHAT as API_SHOW_WHAT
 from .lexer import KEYWORDS
 
 __all__ = ["RelmqlCompleter", "scan"]
@@ -23,7 +24,7 @@ __all__ = ["RelmqlCompleter", "scan"]
 CLAUSES = ("SELECT", "FROM", "MATCHING", "PREFIX", "PROMPT", "WHERE", "USING", "ORDER BY", "SAMPLE", "GROUP BY",
            "LIMIT", "EXPECT", "FOR EACH ROW IN")
 STATEMENTS = ("SELECT", "MATCHING", "EXPLAIN", "SET", "SHOW")
-SHOW_WHAT = ("MODELS", "OPTIONS", "FUNCTIONS")
+SHOW_WHAT = tuple(what.upper() for what in API_SHOW_WHAT)
 EXPR_KEYWORDS = ("NOT", "NULL", "TRUE", "FALSE")
 AFTER_OPERAND = {"SELECT": ("AS",), "WHERE": ("AND", "OR", "NOT", "IN", "IS", "MATCHES", "NOT MATCHING"),
                  "EXPECT": ("AND", "OR", "AS"),
