@@ -209,6 +209,13 @@ _CLAUSE_FIELD = {"from_clause": "model", "matching_clause": "matching", "prefix_
                  "test_clause": "test", "expect_clause": "expect"}
 
 
+def _set_value(value) -> A.Node:
+    """A SET's value; a bare word (SET model = gemma3-270m) is read as a column is."""
+    if isinstance(value, Token) and value.type == "SET_WORD":
+        return A.Column(str(value), _tspan(value))
+    return value
+
+
 @v_args(meta=True)
 class _ToAst(Transformer_NonRecursive):
     def __init__(self, text: str):
@@ -223,16 +230,11 @@ class _ToAst(Transformer_NonRecursive):
         return A.Explain(c[1], _span(meta))
 
     def set_stmt(self, meta, c):
-        name, value = c[1], c[-1]
-        if isinstance(value, Token) and value.type == "SET_WORD":  # a bare word, read as a column is
-            value = A.Column(str(value), _tspan(value))
-        return A.Set(_name(name).lower(), value, _span(meta), _tspan(name))
+        name = c[1]
+        return A.Set(_name(name).lower(), _set_value(c[-1]), _span(meta), _tspan(name))
 
     def set_param(self, meta, c):
-        value = c[-1]
-        if isinstance(value, Token) and value.type == "SET_WORD":  # a bare word, as in SET option = word
-            value = A.Column(str(value), _tspan(value))
-        return A.SetParam(str(c[1])[1:], value, _span(meta), _tspan(c[1]))
+        return A.SetParam(str(c[1])[1:], _set_value(c[-1]), _span(meta), _tspan(c[1]))
 
     def show(self, meta, c):
         return A.Show(_name(c[1]).lower(), _span(meta))

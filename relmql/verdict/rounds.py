@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, Tuple
 from ..plan.plans import QueryPlan
 from ..syntax import ast as A
 from ..records import Measure, Sample
+from ..version import __version__
 from .judge import judge, round_level
 
 BUDGET_TIMES = 16  # an estimated verdict's draws at most, over its rounds, in times its first round's
@@ -81,14 +82,7 @@ def judged_on(plan) -> Dict[str, Any]:
     return {"models": [{"name": m.name, "weights": weights_hash(m.name)} for m in models],
             "dtype": models[0].dtype if models else None, "device": models[0].device if models else None,
             "decoding": ", ".join(decoding.describe()) if decoding is not None and decoding.describe() else "none",
-            "seed": getattr(t, "seed", None), "relmql": _version()}
-
-
-def _version() -> str:
-    """relmql's version: this code's, not an installation's metadata (an editable install keeps
-    the version it was installed at)."""
-    from ..version import __version__
-    return __version__
+            "seed": getattr(t, "seed", None), "relmql": __version__}
 
 
 def weights_hash(name: str) -> str:
